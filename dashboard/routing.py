@@ -1,0 +1,9 @@
+"""Websocket routes."""
+
+from django.urls import path
+
+from dashboard import consumers
+
+websocket_urlpatterns = [
+    path("ws/fleet/", consumers.FleetConsumer.as_asgi()),
+]

@@ -1,0 +1,201 @@
+"""Breakwater settings. This is the only module that reads the environment.
+
+Every variable is optional for development (`./dev` exports the URLs of the services it
+started); production sets BREAKWATER_ENV=production, which makes SECRET_KEY mandatory.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("BREAKWATER_VAR", BASE_DIR / "var"))
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    """A variable's value, or the contents of the file named by NAME_FILE (for secrets)."""
+    file_var = os.environ.get(f"{name}_FILE")
+    if file_var:
+        try:
+            return Path(file_var).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE={file_var!r} cannot be read: {exc}") from exc
+    return os.environ.get(name, default)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = _env(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = _env(name)
+    if raw in (None, ""):
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
+
+
+def _database_from_url(url: str) -> dict:
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ImproperlyConfigured(f"DATABASE_URL must be a postgresql:// URL, got scheme {parts.scheme!r}")
+    if not parts.path.strip("/"):
+        raise ImproperlyConfigured("DATABASE_URL names no database")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")),
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        # Persistent connections: ingest and the rollup task run many short transactions.
+        "CONN_MAX_AGE": 300,
+        "CONN_HEALTH_CHECKS": True,
+        "TEST": {"NAME": "test_" + unquote(parts.path.lstrip("/"))},
+    }
+
+
+PRODUCTION = _env("BREAKWATER_ENV", "development") == "production"
+DEBUG = _env_bool("DEBUG", not PRODUCTION)
+
+SECRET_KEY = _env("SECRET_KEY")
+if not SECRET_KEY:
+    if PRODUCTION:
+        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set in production")
+    # Development only: a key generated once per checkout by ./dev, never committed.
+    key_file = VAR_DIR / "secret_key"
+    SECRET_KEY = key_file.read_text().strip() if key_file.exists() else "dev-insecure-key-not-for-production"
+
+ALLOWED_HOSTS = [h for h in (_env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]") or "").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in (_env("CSRF_TRUSTED_ORIGINS", "") or "").split(",") if o]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "telemetry",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "dashboard.urls"
+ASGI_APPLICATION = "dashboard.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = _env("DATABASE_URL", "postgresql://breakwater@127.0.0.1:55432/breakwater")
+DATABASES = {"default": _database_from_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = _env("REDIS_URL", "redis://127.0.0.1:56379/0")
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": _env("BREAKWATER_CHANNEL_PREFIX", "bw")},
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None  # tasks record their own outcome in the database
+CELERY_TASK_ACKS_LATE = True  # a task killed mid-run is redelivered; every task is idempotent
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE = {
+    "rollup": {"task": "telemetry.tasks.run_rollups", "schedule": timedelta(seconds=30)},
+    "retention": {"task": "telemetry.tasks.apply_retention", "schedule": timedelta(hours=1)},
+    "scrape": {"task": "telemetry.tasks.scrape_targets", "schedule": timedelta(seconds=15)},
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "fleet"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "dashboard" / "static"]
+
+# --- Breakwater ---------------------------------------------------------------------------
+# Largest ingest body accepted before decompression and after; larger gets 413.
+INGEST_MAX_BODY_BYTES = _env_int("INGEST_MAX_BODY_BYTES", 64 * 1024 * 1024)
+# Samples further in the future than this are rejected one by one (clock skew guard).
+INGEST_MAX_FUTURE_SKEW = timedelta(seconds=_env_int("INGEST_MAX_FUTURE_SECONDS", 300))
+# Retention per resolution, enforced with drop_chunks by the hourly retention task.
+RETENTION = {
+    "raw": timedelta(days=_env_int("RETENTION_RAW_DAYS", 7)),
+    "1m": timedelta(days=_env_int("RETENTION_1M_DAYS", 90)),
+    "1h": timedelta(days=_env_int("RETENTION_1H_DAYS", 730)),
+}
+# A GPU or node whose newest sample is older than this is shown as not reporting.
+STALE_AFTER = timedelta(seconds=_env_int("STALE_AFTER_SECONDS", 180))
+# dcgm-exporter endpoints pulled by the beat scraper, comma-separated; more can be added in admin.
+SCRAPE_TIMEOUT_SECONDS = _env_int("SCRAPE_TIMEOUT_SECONDS", 5)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": _env("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = _env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

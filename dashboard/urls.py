@@ -1,0 +1,15 @@
+"""URL routes: operator pages, auth and the ingest API."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from dashboard import views
+
+urlpatterns = [
+    path("", views.fleet, name="fleet"),
+    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("telemetry.api.urls")),
+]

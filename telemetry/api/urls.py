@@ -1,0 +1,10 @@
+"""Ingest API routes."""
+
+from django.urls import path
+
+from telemetry.api import views
+
+urlpatterns = [
+    path("ingest", views.ingest_json, name="ingest-json"),
+    path("ingest/prometheus", views.ingest_prometheus, name="ingest-prometheus"),
+]

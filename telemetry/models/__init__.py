@@ -1,0 +1,32 @@
+"""Telemetry models, split by domain and re-exported here."""
+
+from .ingest import CollectorToken, IngestBatch, RollupWatermark, ScrapeTarget
+from .inventory import (
+    Gpu,
+    Hall,
+    HealthState,
+    Link,
+    MigInstance,
+    Node,
+    NodeState,
+    NvlinkDomain,
+    Port,
+    PowerDevice,
+    Rack,
+    Row,
+    Site,
+    Switch,
+)
+from .samples import (
+    SAMPLE_MODELS,
+    NarrowSample,
+    NarrowSample1h,
+    NarrowSample1m,
+)
+
+__all__ = [
+    "CollectorToken", "IngestBatch", "RollupWatermark", "ScrapeTarget",
+    "Gpu", "Hall", "HealthState", "Link", "MigInstance", "Node", "NodeState", "NvlinkDomain",
+    "Port", "PowerDevice", "Rack", "Row", "Site", "Switch",
+    "SAMPLE_MODELS", "NarrowSample", "NarrowSample1m", "NarrowSample1h",
+]

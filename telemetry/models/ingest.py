@@ -1,0 +1,80 @@
+"""Ingest bookkeeping: collector tokens, the per-batch log, scrape targets, rollup watermarks."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.db import models
+
+
+class CollectorToken(models.Model):
+    """A per-collector ingest credential; only its SHA-256 is stored."""
+
+    name = models.CharField(max_length=128, unique=True)
+    prefix = models.CharField(max_length=12, help_text="First characters, to recognise a token in logs")
+    token_hash = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    TOKEN_PREFIX = "bwc_"
+
+    @staticmethod
+    def hash(raw: str) -> str:
+        # Tokens carry 256 bits of randomness, so a fast unsalted hash is enough: nobody can
+        # brute-force the preimage, and lookup by hash stays an index probe.
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    @classmethod
+    def generate(cls) -> str:
+        return cls.TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class IngestBatch(models.Model):
+    """One accepted ingest request: what it wrote and how long it took (hypertable)."""
+
+    time = models.DateTimeField()
+    batch_id = models.UUIDField()
+    collector = models.CharField(max_length=128)
+    format = models.CharField(max_length=16)
+    samples = models.IntegerField()
+    rejected = models.IntegerField()
+    body_bytes = models.IntegerField()
+    duration_ms = models.FloatField()
+    pk = models.CompositePrimaryKey("batch_id", "time")
+
+    class Meta:
+        db_table = "telemetry_ingest_batch"
+
+
+class ScrapeTarget(models.Model):
+    """A dcgm-exporter /metrics endpoint the beat scraper pulls."""
+
+    url = models.URLField(unique=True)
+    enabled = models.BooleanField(default=True)
+    hostname = models.CharField(
+        max_length=253, blank=True, help_text="Used when the exporter emits no Hostname label"
+    )
+    last_scrape = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_samples = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class RollupWatermark(models.Model):
+    """How far one rollup has been filled: every bucket before `done_until` is final."""
+
+    name = models.CharField(max_length=64, unique=True)
+    done_until = models.DateTimeField()
+    updated = models.DateTimeField(auto_now=True)
+    last_rows = models.IntegerField(default=0)
+    last_ms = models.FloatField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} until {self.done_until:%Y-%m-%d %H:%M}"

@@ -1,0 +1,1 @@
+"""Read-side queries for telemetry (filled in below)."""
