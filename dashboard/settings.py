@@ -65,7 +65,8 @@ def _database_from_url(url: str) -> dict:
         # Persistent connections: ingest and the rollup task run many short transactions.
         "CONN_MAX_AGE": 300,
         "CONN_HEALTH_CHECKS": True,
-        "TEST": {"NAME": "test_" + unquote(parts.path.lstrip("/"))},
+        # A suffix lets several test runs share one server without clobbering each other.
+        "TEST": {"NAME": "test_" + unquote(parts.path.lstrip("/")) + (_env("TEST_DB_SUFFIX") or "")},
     }
 
 
