@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-FLEET_GROUP = "fleet"
+from telemetry.live import FLEET_GROUP
+from telemetry.selectors import fleet_summary
+
+# Application close code for "not signed in" (4000-4999 are free for applications).
+CLOSE_UNAUTHENTICATED = 4401
 
 
 class FleetConsumer(AsyncJsonWebsocketConsumer):
@@ -12,10 +17,13 @@ class FleetConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         if not self.scope["user"].is_authenticated:
-            await self.close(code=4401)
+            await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        # Join before reading, so a change committed while we read is still pushed afterwards.
         await self.channel_layer.group_add(FLEET_GROUP, self.channel_name)
         await self.accept()
+        # The page was rendered some time ago; bring it up to date without waiting for ingest.
+        await self.send_json(await database_sync_to_async(fleet_summary)())
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)

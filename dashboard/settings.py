@@ -63,7 +63,7 @@ def _database_from_url(url: str) -> dict:
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
         # Persistent connections: ingest and the rollup task run many short transactions.
-        "CONN_MAX_AGE": 300,
+        "CONN_MAX_AGE": _env_int("DB_CONN_MAX_AGE", 300),
         "CONN_HEALTH_CHECKS": True,
         # A suffix lets several test runs share one server without clobbering each other.
         "TEST": {"NAME": "test_" + unquote(parts.path.lstrip("/")) + (_env("TEST_DB_SUFFIX") or "")},
@@ -200,3 +200,5 @@ if PRODUCTION:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# request.body refuses bodies above this; ingest bodies may be that large (413 beyond it).
+DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES

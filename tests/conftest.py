@@ -23,3 +23,23 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"real captures not found at {SHARED_DATA}; set BREAKWATER_SHARED_DATA")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_persistent_worker_connections():
+    """API work runs in worker threads with their own connections; closing them after each
+    request lets the test database be flushed and dropped."""
+    from django.db import connections
+
+    connections.settings["default"]["CONN_MAX_AGE"] = 0
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_entity_cache():
+    """Ingest caches inventory ids per process; each test starts with an empty database."""
+    from telemetry.ingest import entities
+
+    entities.clear_cache()
+    yield
+    entities.clear_cache()

@@ -1,7 +1,145 @@
-"""Ingest API views (filled in by the ingest module)."""
-def ingest_json(request):  # placeholder until the writer lands
-    raise NotImplementedError
+"""Ingest API: JSON / NDJSON batches and Prometheus exposition pushes.
+
+Views are async so that a slow batch never blocks the event loop of the ASGI server; the
+parse-validate-write work runs in a worker thread (not the single thread Django uses for sync
+views), so several collectors are served at once.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import zlib
+from datetime import UTC, datetime
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, close_old_connections
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from telemetry.api.auth import AuthError, authenticate_collector
+from telemetry.ingest.exposition import parse_dcgm_exposition
+from telemetry.ingest.schema import BatchError, TimeParser, parse_json, parse_ndjson
+from telemetry.ingest.writer import write_batch
+
+log = logging.getLogger(__name__)
+JSON_TYPES = {"application/json", ""}
+NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
 
 
-def ingest_prometheus(request):
-    raise NotImplementedError
+class ApiError(Exception):
+    """An error answered as {"error": {...}} with an HTTP status."""
+
+    def __init__(self, status: int, code: str, message: str, where: str = "", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.where = status, code, message, where
+        self.headers = headers or {}
+
+    def response(self) -> JsonResponse:
+        body = {"code": self.code, "message": self.message}
+        if self.where:
+            body["where"] = self.where
+        resp = JsonResponse({"error": body}, status=self.status)
+        for k, v in self.headers.items():
+            resp[k] = v
+        return resp
+
+
+def _body(request: HttpRequest) -> bytes:
+    limit = settings.INGEST_MAX_BODY_BYTES
+    length = request.META.get("CONTENT_LENGTH") or "0"
+    if length.isdigit() and int(length) > limit:
+        raise ApiError(413, "too_large", f"body of {length} bytes exceeds the {limit}-byte limit")
+    try:
+        raw = request.body
+    except RequestDataTooBig as exc:
+        raise ApiError(413, "too_large", f"body exceeds the {limit}-byte limit") from exc
+    encoding = request.headers.get("Content-Encoding", "identity").lower().strip()
+    if encoding in ("identity", ""):
+        return raw
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise ApiError(415, "bad_encoding", f"Content-Encoding {encoding!r} is not supported (use gzip)")
+    return _inflate(raw, encoding, limit)
+
+
+def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
+    # Bounded decompression: a small gzip bomb must not expand past the body limit in memory.
+    wbits = 16 + zlib.MAX_WBITS if encoding != "deflate" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise ApiError(400, "bad_encoding", f"body is not valid {encoding}: {exc}") from exc
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise ApiError(413, "too_large", f"decompressed body exceeds the {limit}-byte limit")
+    return out
+
+
+def _times() -> TimeParser:
+    return TimeParser(datetime.now(UTC), settings.INGEST_MAX_FUTURE_SKEW, settings.RETENTION["raw"])
+
+
+def _ingest(request: HttpRequest, fmt: str) -> JsonResponse:
+    # This runs in a worker thread, where Django's request signals do not manage the
+    # connection: check it before (a DB restart may have broken it) and after (max age).
+    close_old_connections()
+    try:
+        return _ingest_checked(request, fmt)
+    finally:
+        close_old_connections()
+
+
+def _ingest_checked(request: HttpRequest, fmt: str) -> JsonResponse:
+    try:
+        token = authenticate_collector(request.headers.get("Authorization"))
+        body = _body(request)
+        batch, extra = _parse(request, fmt, body, token.name)
+        result = write_batch(batch, collector=token.name, fmt=fmt, body_bytes=len(body))
+    except AuthError as exc:
+        headers = {"WWW-Authenticate": 'Bearer realm="breakwater-ingest"'} if exc.status == 401 else {}
+        return ApiError(exc.status, exc.code, exc.message, headers=headers).response()
+    except ApiError as exc:
+        return exc.response()
+    except BatchError as exc:
+        return ApiError(400, exc.code, exc.message, where=exc.where).response()
+    except DatabaseError as exc:
+        # Nothing was committed; the client may retry the same batch safely (idempotent).
+        log.warning("ingest write failed, batch not stored: %s", exc)
+        return ApiError(503, "unavailable", "the database is unavailable; retry", headers={"Retry-After": "5"}).response()
+    return JsonResponse({**result.as_json(), **extra})
+
+
+def _parse(request: HttpRequest, fmt: str, body: bytes, collector: str):
+    times = _times()
+    if fmt == "prometheus":
+        host = request.GET.get("host") or None
+        batch, blanks = parse_dcgm_exposition(body, times, host)
+        return batch, {"blanks": blanks}
+    ctype = (request.content_type or "").lower()
+    if ctype in NDJSON_TYPES:
+        return parse_ndjson(body, times), {}
+    if ctype in JSON_TYPES:
+        return parse_json(body, times), {}
+    raise ApiError(415, "bad_content_type", f"Content-Type {ctype!r} is not accepted (application/json or application/x-ndjson)")
+
+
+def _method_guard(request: HttpRequest) -> JsonResponse | None:
+    if request.method != "POST":
+        resp = ApiError(405, "method_not_allowed", "use POST").response()
+        resp["Allow"] = "POST"
+        return resp
+    return None
+
+
+@csrf_exempt
+async def ingest_json(request: HttpRequest) -> JsonResponse:
+    """POST /api/v1/ingest — a JSON or NDJSON batch (see docs/ingest.md)."""
+    return _method_guard(request) or await sync_to_async(_ingest, thread_sensitive=False)(request, "json")
+
+
+@csrf_exempt
+async def ingest_prometheus(request: HttpRequest) -> JsonResponse:
+    """POST /api/v1/ingest/prometheus[?host=NAME] — text exposition as dcgm-exporter emits it."""
+    return _method_guard(request) or await sync_to_async(_ingest, thread_sensitive=False)(request, "prometheus")

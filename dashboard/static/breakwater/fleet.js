@@ -1,0 +1,122 @@
+/* Fleet page: keeps the server-rendered numbers live over /ws/fleet/.
+ *
+ * The server renders every number first, so the page is right without JavaScript. This file
+ * then (1) opens a websocket, (2) re-renders every [data-bind] element from each pushed summary
+ * with the same formats the template uses, (3) ticks the "newest sample" age every second from
+ * the server-computed age plus local elapsed time, so a wrong browser clock cannot skew it, and
+ * (4) reconnects with jittered exponential backoff when the socket drops. No polling.
+ */
+(function () {
+  "use strict";
+
+  var root = document.querySelector("[data-live-url]");
+  var initial = document.getElementById("bw-fleet-summary");
+  if (!root || !initial) return;
+
+  var MIN_DELAY_MS = 1000;
+  var MAX_DELAY_MS = 30000;
+  var conn = document.getElementById("bw-conn");
+  var delay = MIN_DELAY_MS;
+  var retryAt = null;
+  var age = { seconds: null, at: 0, staleAfter: Infinity };
+
+  function group(v, digits) {
+    return v.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  }
+
+  // Must match the template filters in fleet.html.
+  var FORMATS = {
+    int: function (v) { return group(Math.round(v), 0); },
+    dec1: function (v) { return group(v, 1); },
+    pct: function (v) { return v.toFixed(1) + "%"; },
+    kw: function (v) { return group(v, 1) + " kW"; },
+    time: function (v) { return v.slice(0, 10) + " " + v.slice(11, 19) + " UTC"; },
+    text: String
+  };
+
+  function formatAge(s) {
+    if (s === null) return "no samples yet";
+    if (s < 0) return "in the future";
+    if (s < 120) return Math.round(s) + " s ago";
+    if (s < 7200) return Math.round(s / 60) + " min ago";
+    if (s < 172800) return Math.round(s / 3600) + " h ago";
+    return Math.round(s / 86400) + " d ago";
+  }
+
+  function lookup(obj, path) {
+    return path.split(".").reduce(function (o, key) {
+      return o === null || o === undefined ? undefined : o[key];
+    }, obj);
+  }
+
+  function render(summary) {
+    root.querySelectorAll("[data-bind]").forEach(function (el) {
+      var v = lookup(summary, el.dataset.bind);
+      var format = FORMATS[el.dataset.fmt || "text"];
+      el.textContent = v === null || v === undefined ? (el.dataset.empty || "—") : format(v);
+    });
+    root.querySelectorAll("[data-bind-width]").forEach(function (el) {
+      var v = lookup(summary, el.dataset.bindWidth);
+      el.style.width = (v === null || v === undefined ? 0 : Math.min(100, Math.max(0, v))) + "%";
+    });
+    root.querySelectorAll("[data-zero]").forEach(function (el) {
+      el.classList.toggle("is-zero", !lookup(summary, el.dataset.zero));
+    });
+    var newest = summary.newest_sample || {};
+    age = {
+      seconds: newest.age_s === undefined ? null : newest.age_s,
+      at: performance.now(),
+      staleAfter: summary.stale_after_s || Infinity
+    };
+    tick();
+  }
+
+  function tick() {
+    var s = age.seconds === null ? null : age.seconds + (performance.now() - age.at) / 1000;
+    root.querySelectorAll("[data-age]").forEach(function (el) {
+      el.textContent = formatAge(s);
+      el.classList.toggle("is-old", s !== null && s > age.staleAfter);
+    });
+    if (retryAt !== null) {
+      var wait = Math.max(0, Math.ceil((retryAt - performance.now()) / 1000));
+      setConn("offline", "Offline, retrying in " + wait + " s");
+    }
+  }
+
+  function setConn(state, text) {
+    if (!conn) return;
+    conn.dataset.state = state;
+    conn.querySelector(".bw-conn-text").textContent = text;
+    conn.title = text;
+  }
+
+  function connect() {
+    retryAt = null;
+    setConn("connecting", "Connecting…");
+    var scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    var ws = new WebSocket(scheme + "//" + location.host + root.dataset.liveUrl);
+    ws.onopen = function () {
+      delay = MIN_DELAY_MS;
+      setConn("live", "Live");
+    };
+    ws.onmessage = function (event) {
+      try {
+        render(JSON.parse(event.data));
+      } catch (err) {
+        console.error("breakwater: bad fleet message", err);
+      }
+    };
+    ws.onclose = function () {
+      // Jitter spreads the reconnects of every open page after a server restart.
+      var wait = delay / 2 + Math.random() * delay / 2;
+      delay = Math.min(delay * 2, MAX_DELAY_MS);
+      retryAt = performance.now() + wait;
+      tick();
+      setTimeout(connect, wait);
+    };
+  }
+
+  render(JSON.parse(initial.textContent));
+  setInterval(tick, 1000);
+  connect();
+})();

@@ -1,0 +1,36 @@
+"""Collector token authentication for the ingest API."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from telemetry.models import CollectorToken
+
+
+class AuthError(Exception):
+    """Missing credentials (401) or a bad/revoked token (403)."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def authenticate_collector(header: str | None) -> CollectorToken:
+    """Return the collector for an `Authorization: Bearer <token>` header, or raise AuthError."""
+    if not header:
+        raise AuthError(401, "unauthenticated", "missing Authorization: Bearer <collector token>")
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise AuthError(401, "unauthenticated", "Authorization must be 'Bearer <collector token>'")
+    token = CollectorToken.objects.filter(token_hash=CollectorToken.hash(raw.strip())).first()
+    if token is None:
+        raise AuthError(403, "bad_token", "unknown collector token")
+    if token.revoked_at is not None:
+        raise AuthError(403, "revoked_token", f"collector token {token.prefix}… was revoked")
+    now = timezone.now()
+    # Touch last_used at most once a minute so ingest does not write a row per request.
+    if token.last_used is None or now - token.last_used > timedelta(minutes=1):
+        CollectorToken.objects.filter(pk=token.pk).update(last_used=now)
+    return token

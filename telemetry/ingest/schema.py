@@ -1,0 +1,247 @@
+"""Validation of ingest batches: JSON, NDJSON and parsed Prometheus exposition.
+
+Every source ends up as a `Batch`: records per entity kind with resolved timestamps and
+validated field values. Two kinds of problem are told apart:
+
+- a *malformed* batch (bad syntax, wrong types, unknown field names, a record without an
+  identity) raises `BatchError`; the API answers 400 and nothing of the batch is written;
+- a *rejected sample* (NaN/Inf, a timestamp more than the allowed skew in the future, or older
+  than raw retention) is dropped and counted; the rest of the batch is written.
+
+A "sample" is one field value of one entity at one time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import orjson
+
+from telemetry.fields import KINDS
+
+NON_FINITE_STRINGS = {"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
+MAX_REJECTION_DETAILS = 20
+
+# Identity keys per kind: required (name -> type) and optional.
+IDENTITY = {
+    "gpu": ({"host": str, "uuid": str}, {"index": int, "model": str, "pci_bus_id": str, "serial": str, "driver": str}),
+    "mig": ({"host": str, "gpu_uuid": str, "gi_id": int}, {"ci_id": int, "profile": str, "gpu_index": int}),
+    "port": ({"port": str}, {"host": str, "switch": str, "guid": str, "link_layer": str}),
+    "power": ({"device": str}, {}),
+}
+COLLECTION_KEYS = {"gpus": "gpu", "migs": "mig", "ports": "port", "power": "power"}
+RECORD_COMMON = {"time", "fields", "extra", "kind"}
+
+
+class BatchError(ValueError):
+    """A malformed batch: `where` names the line or JSON path, `message` the problem."""
+
+    def __init__(self, where: str, message: str, *, code: str = "malformed"):
+        super().__init__(f"{where}: {message}" if where else message)
+        self.where = where
+        self.message = message
+        self.code = code
+
+
+@dataclass(slots=True)
+class Record:
+    """One entity's validated sample set at one time."""
+
+    kind: str
+    ident: dict
+    time: datetime
+    values: dict[str, float | int]
+    extra: dict[str, float]
+
+
+@dataclass
+class Batch:
+    """A validated batch ready for the writer."""
+
+    records: dict[str, list[Record]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    rejected: int = 0
+    rejections: list[dict] = field(default_factory=list)
+
+    def reject(self, where: str, reason: str, samples: int = 1) -> None:
+        self.rejected += samples
+        if len(self.rejections) < MAX_REJECTION_DETAILS:
+            self.rejections.append({"where": where, "reason": reason, "samples": samples})
+
+    @property
+    def sample_count(self) -> int:
+        return sum(len(r.values) + len(r.extra) for recs in self.records.values() for r in recs)
+
+
+class TimeParser:
+    """Parses record times with a cache (a batch usually shares one timestamp) and checks bounds."""
+
+    def __init__(self, now: datetime, max_future: timedelta, max_age: timedelta):
+        self.latest_ok = now + max_future
+        self.oldest_ok = now - max_age
+        self.now = now
+        self._cache: dict = {}
+
+    def parse(self, raw, where: str) -> datetime:
+        cached = self._cache.get(raw)
+        if cached is not None:
+            return cached
+        value = self._parse(raw, where)
+        if isinstance(raw, (str, int, float)):
+            self._cache[raw] = value
+        return value
+
+    def _parse(self, raw, where: str) -> datetime:
+        if isinstance(raw, bool) or raw is None:
+            raise BatchError(where, f"time must be an RFC 3339 string or epoch seconds, got {raw!r}")
+        if isinstance(raw, (int, float)):
+            if not math.isfinite(raw):
+                raise BatchError(where, f"time {raw!r} is not a finite number")
+            try:
+                return datetime.fromtimestamp(raw, UTC)
+            except (OverflowError, OSError, ValueError) as exc:
+                raise BatchError(where, f"time {raw!r} is out of range") from exc
+        if isinstance(raw, str):
+            try:
+                parsed = datetime.fromisoformat(raw)
+            except ValueError as exc:
+                raise BatchError(where, f"time {raw!r} is not RFC 3339") from exc
+            if parsed.tzinfo is None:
+                raise BatchError(where, f"time {raw!r} has no timezone; send UTC ('Z')")
+            return parsed.astimezone(UTC)
+        raise BatchError(where, f"time must be an RFC 3339 string or epoch seconds, got {type(raw).__name__}")
+
+    def problem(self, t: datetime) -> str | None:
+        if t > self.latest_ok:
+            return f"time {t.isoformat()} is more than {int((self.latest_ok - self.now).total_seconds())} s in the future"
+        if t < self.oldest_ok:
+            return f"time {t.isoformat()} is older than raw retention"
+        return None
+
+
+def _check_identity(kind: str, rec: dict, where: str) -> dict:
+    required, optional = IDENTITY[kind]
+    ident = {}
+    for key, typ in required.items():
+        value = rec.get(key)
+        if not isinstance(value, typ) or isinstance(value, bool) or (typ is str and not value.strip()):
+            raise BatchError(f"{where}.{key}", f"required {typ.__name__}, got {value!r}")
+        ident[key] = value.strip() if typ is str else value
+    for key, typ in optional.items():
+        value = rec.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise BatchError(f"{where}.{key}", f"must be {typ.__name__}, got {value!r}")
+        ident[key] = value
+    unknown = set(rec) - set(required) - set(optional) - RECORD_COMMON
+    if unknown:
+        raise BatchError(f"{where}.{sorted(unknown)[0]}", f"unknown key for a {kind} record")
+    if kind == "port" and ("host" in ident) == ("switch" in ident):
+        raise BatchError(where, "a port record names exactly one of 'host' or 'switch'")
+    return ident
+
+
+def _values(kind: str, raw, where: str, batch: Batch, *, registry: bool) -> dict:
+    """Validated numeric values; non-finite ones are rejected and counted, not stored."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BatchError(where, f"must be an object of field: number, got {type(raw).__name__}")
+    known = KINDS[kind].by_name if registry else None
+    out = {}
+    for name, value in raw.items():
+        if known is not None and name not in known:
+            raise BatchError(f"{where}.{name}", f"unknown {kind} field (put unmapped fields in 'extra')")
+        if not registry and (not isinstance(name, str) or not name or len(name) > 128):
+            raise BatchError(f"{where}.{name}", "extra field names are 1-128 characters")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise BatchError(f"{where}.{name}", f"must be a number, got {value!r}")
+        if isinstance(value, str):
+            if value.strip().lower() not in NON_FINITE_STRINGS:
+                raise BatchError(f"{where}.{name}", f"must be a number, got {value!r}")
+            batch.reject(f"{where}.{name}", f"non-finite value {value!r}")
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            batch.reject(f"{where}.{name}", f"non-finite value {value!r}")
+            continue
+        if known is not None and known[name].is_int:
+            value = int(value) if isinstance(value, int) else int(round(value))
+            if not -(2**63) <= value < 2**63:
+                raise BatchError(f"{where}.{name}", f"{value} does not fit a 64-bit counter")
+        out[name] = value
+    return out
+
+
+def add_record(batch: Batch, kind: str, rec, where: str, times: TimeParser, default_time) -> None:
+    """Validate one record dict and append it to the batch (or count its samples as rejected)."""
+    if not isinstance(rec, dict):
+        raise BatchError(where, f"a {kind} record must be an object, got {type(rec).__name__}")
+    ident = _check_identity(kind, rec, where)
+    raw_time = rec.get("time", default_time)
+    t = times.now if raw_time is None else times.parse(raw_time, f"{where}.time")
+    values = _values(kind, rec.get("fields"), f"{where}.fields", batch, registry=True)
+    extra = _values(kind, rec.get("extra"), f"{where}.extra", batch, registry=False)
+    problem = times.problem(t)
+    if problem:
+        batch.reject(where, problem, len(values) + len(extra))
+        return
+    if values or extra:
+        batch.records[kind].append(Record(kind, ident, t, values, extra))
+
+
+def _loads(body: bytes, where: str):
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    # orjson refuses NaN/Infinity tokens, which Python's json emits by default; the standard
+    # parser accepts them, so such values reach the per-sample check instead of failing the batch.
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise BatchError(where, f"body is not UTF-8 (byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        prefix = f"{where}, " if where else ""
+        raise BatchError(f"{prefix}line {exc.lineno} column {exc.colno}", exc.msg) from exc
+
+
+def parse_json(body: bytes, times: TimeParser) -> Batch:
+    """A JSON batch: {"time": ..., "gpus": [...], "migs": [...], "ports": [...], "power": [...]}."""
+    doc = _loads(body, "")
+    if not isinstance(doc, dict):
+        raise BatchError("$", f"the batch must be a JSON object, got {type(doc).__name__}")
+    unknown = set(doc) - set(COLLECTION_KEYS) - {"time", "collector"}
+    if unknown:
+        raise BatchError(f"$.{sorted(unknown)[0]}", f"unknown key (expected one of time, {', '.join(COLLECTION_KEYS)})")
+    default_time = doc.get("time")
+    if default_time is not None:
+        times.parse(default_time, "$.time")
+    batch = Batch()
+    for key, kind in COLLECTION_KEYS.items():
+        recs = doc.get(key) or []
+        if not isinstance(recs, list):
+            raise BatchError(f"$.{key}", f"must be a list, got {type(recs).__name__}")
+        for i, rec in enumerate(recs):
+            add_record(batch, kind, rec, f"$.{key}[{i}]", times, default_time)
+    return batch
+
+
+def parse_ndjson(body: bytes, times: TimeParser) -> Batch:
+    """NDJSON: one record per line, each with "kind": gpu | mig | port | power."""
+    batch = Batch()
+    for lineno, line in enumerate(body.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        rec = _loads(line, f"line {lineno}")
+        if not isinstance(rec, dict):
+            raise BatchError(f"line {lineno}", f"each line must be a JSON object, got {type(rec).__name__}")
+        kind = rec.get("kind")
+        if kind not in KINDS:
+            raise BatchError(f"line {lineno}.kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+        add_record(batch, kind, rec, f"line {lineno}", times, None)
+    return batch

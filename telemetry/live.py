@@ -1,0 +1,123 @@
+"""Live pushes of the fleet summary to every open operator page.
+
+Ingest calls `schedule_fleet_publish()` inside its transaction; after commit,
+`publish_fleet_summary()` computes `fleet_summary()` and sends it to the "fleet" channel-layer
+group, which `dashboard.consumers.FleetConsumer` forwards to browsers.
+
+Throttle, across every process that ingests:
+
+1. A publisher first claims the one-second slot with Redis `SET key NX PX 1000`. Only the
+   claimant computes and sends, so the fleet sees at most one summary per second however many
+   batches commit.
+2. A publisher that loses the claim must not lose its change: it arms one timer in its own
+   process for when the current slot expires. When the timer fires it tries to claim once.
+3. If that claim fails too, someone claimed the slot after the previous one expired, which is
+   after our commit, and their summary (computed after claiming) already includes our rows,
+   so nothing is retried. Hence the last change of a burst reaches the page within ~1 s.
+
+Publishing is best effort: any failure is logged and never raised into ingest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import connections, transaction
+
+from telemetry.selectors import fleet_summary
+
+logger = logging.getLogger(__name__)
+
+FLEET_GROUP = "fleet"
+THROTTLE_KEY = "breakwater:live:fleet-summary"
+THROTTLE_MS = 1000
+# Wait a little past the slot's expiry so the trailing claim does not race the TTL.
+_TRAILING_MARGIN_S = 0.02
+
+# One client per process; redis-py pools connections and is thread-safe. Short timeouts keep a
+# Redis outage from stalling the ingest request that triggered the publish.
+_redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+_trailing_guard = threading.Lock()
+_trailing: threading.Timer | None = None  # armed and not yet fired
+_last_trailing: threading.Timer | None = None  # the latest one started, fired or not
+
+
+def schedule_fleet_publish() -> None:
+    """Publish a fresh summary once the current transaction commits (never on rollback)."""
+    transaction.on_commit(publish_fleet_summary)
+
+
+def publish_fleet_summary() -> bool:
+    """Send the fleet summary to the "fleet" group if this second's slot is free.
+
+    Returns True when this call sent a summary. Never raises.
+    """
+    try:
+        remaining_ms = _claim_slot()
+        if remaining_ms is None:
+            _send_summary()
+            return True
+        _arm_trailing(remaining_ms)
+    except Exception:
+        logger.exception("fleet summary publish failed")
+    return False
+
+
+def wait_for_trailing_publish(timeout: float = 5.0) -> None:
+    """Block until this process's pending trailing publish (if any) has run.
+
+    For tests and graceful shutdown: the timer thread is a daemon and dies with the process.
+    """
+    with _trailing_guard:
+        timer = _last_trailing
+    if timer is not None:
+        timer.join(timeout)
+
+
+def _claim_slot() -> int | None:
+    """None when this caller owns the slot, else the milliseconds until it frees."""
+    if _redis.set(THROTTLE_KEY, "1", nx=True, px=THROTTLE_MS):
+        return None
+    remaining_ms = _redis.pttl(THROTTLE_KEY)
+    # -2: expired between the two commands; -1 cannot happen (we always set a TTL).
+    return max(remaining_ms, 0)
+
+
+def _send_summary() -> None:
+    summary = fleet_summary()
+    async_to_sync(get_channel_layer().group_send)(
+        FLEET_GROUP, {"type": "fleet.update", "data": summary}
+    )
+
+
+def _arm_trailing(remaining_ms: int) -> None:
+    global _trailing, _last_trailing
+    with _trailing_guard:
+        if _trailing is not None:
+            return  # one pending timer per process covers every change committed before it fires
+        timer = threading.Timer(remaining_ms / 1000 + _TRAILING_MARGIN_S, _publish_trailing)
+        timer.daemon = True
+        _trailing = _last_trailing = timer
+        timer.start()
+
+
+def _publish_trailing() -> None:
+    global _trailing
+    # Disarm before claiming: a change that commits from here on arms a new timer if our claim
+    # computes too early to include it.
+    with _trailing_guard:
+        _trailing = None
+    try:
+        if _claim_slot() is None:
+            _send_summary()
+    except Exception:
+        logger.exception("trailing fleet summary publish failed")
+    finally:
+        # This thread's database connection would otherwise stay open until the process exits.
+        connections.close_all()

@@ -1,0 +1,358 @@
+"""Rollups: raw samples into 1-minute buckets, 1-minute buckets into 1-hour buckets.
+
+Every rollup is declared once in `ROLLUPS` (name, source table, target table, resolution) and its
+SQL is generated from the field registry in `telemetry.fields`, so a new field rolls up the day
+its migration lands. One idempotent function, `run_rollups()`, fills them all; the Celery beat
+task `telemetry.tasks.run_rollups` calls it every 30 seconds. (The shape follows Zulip's
+`analytics/lib/counts.py`: a registry, a watermark per rollup, and buckets that are safe to redo.)
+
+What a bucket holds, per field kind (`telemetry.models.samples` names the columns):
+
+- gauge: ``<f>_min``, ``<f>_avg``, ``<f>_max``, ``<f>_last``. The 1h average is the average of
+  the 1m averages weighted by their ``samples``.
+- counter: ``<f>_delta`` and ``<f>_last``. The delta sums each step between consecutive
+  non-NULL readings; a drop is a reset, and the new reading counts from zero. The first reading
+  of a bucket steps from the last reading before it (looked up within `COUNTER_LOOKBACK`), so
+  the 1m deltas of an hour add up to the counter's true increase over that hour.
+- state: ``<f>_or`` (bit_or) and ``<f>_last``.
+
+``last`` is the newest non-NULL value in the bucket (TimescaleDB's ``last()``, which the Apache
+edition ships). NULL readings mean "not reported" and are skipped everywhere.
+
+Late samples: a 1m bucket is final once it ended more than `LATE_SAMPLE_GRACE` ago; until then it
+is recomputed on every pass, so samples up to that late are counted. A sample that arrives for a
+bucket the watermark has already passed is stored in the raw table but NOT rolled up again:
+redoing closed buckets on every pass would cost a scan of everything, and a collector that lags
+more than the grace is a collector problem that ingest logs show. A 1h bucket is final once the
+1m watermark has passed its end.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
+from time import monotonic, perf_counter
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from telemetry.fields import COUNTER, GAUGE, KINDS, STATE, Field
+from telemetry.models import RollupWatermark
+
+logger = logging.getLogger(__name__)
+
+INTERVALS: dict[str, timedelta] = {"1m": timedelta(minutes=1), "1h": timedelta(hours=1)}
+# How late a raw sample may arrive and still be counted: buckets younger than this stay open.
+LATE_SAMPLE_GRACE = timedelta(minutes=1)
+# How far before a bucket to look for the previous counter reading. Collectors report every
+# 10-60 s; a counter silent for longer than this starts a new baseline (its increase across the
+# silence is not attributed to any bucket).
+COUNTER_LOOKBACK = timedelta(minutes=5)
+# Buckets per transaction: a long backlog commits progress every slice instead of holding one
+# huge transaction (an hour of 1m buckets for 16k GPUs is ~6M raw rows).
+SLICE_BUCKETS: dict[str, int] = {"1m": 60, "1h": 24}
+# Stop catching up after this long so a beat tick never runs into the next; the rest of a
+# backlog is picked up by the next pass.
+RUN_BUDGET_SECONDS = 20.0
+# First half of the advisory-lock key, so rollup locks never collide with other users' locks.
+LOCK_NAMESPACE = 0x42574B52  # "BWKR"
+
+# The narrow tables roll up one float column, `value`, as a gauge.
+NARROW_VALUE = Field("value", "double precision", GAUGE, "", "Narrow sample value")
+NARROW_KEYS = ("entity_kind", "entity_id", "field")
+
+
+@dataclass(frozen=True)
+class Rollup:
+    """One rollup: a source table aggregated into a target table at one resolution."""
+
+    name: str
+    resolution: str
+    source: str
+    target: str
+    keys: tuple[str, ...]  # the entity columns; the target's primary key is keys + bucket
+    fields: tuple[Field, ...]
+    depends_on: str | None = None  # the rollup that fills `source`; None when source is raw
+
+    @property
+    def interval(self) -> timedelta:
+        return INTERVALS[self.resolution]
+
+    @property
+    def time_column(self) -> str:
+        return "bucket" if self.depends_on else "time"
+
+    @property
+    def has_counters(self) -> bool:
+        return not self.depends_on and any(f.kind == COUNTER for f in self.fields)
+
+    @property
+    def lock_key(self) -> int:
+        # crc32 is stable across processes (unlike hash()); folded into a signed int4.
+        key = zlib.crc32(self.name.encode())
+        return key - 2**32 if key >= 2**31 else key
+
+    @cached_property
+    def sql(self) -> str:
+        return _rollup_sql(self) if self.depends_on else _raw_sql(self)
+
+
+@dataclass(frozen=True)
+class RollupRun:
+    """What one pass did for one rollup."""
+
+    name: str
+    rows: int = 0
+    ms: float = 0.0
+    slices: int = 0
+    done_until: datetime | None = None
+    skipped: bool = False  # another process held the rollup's lock
+
+
+def _registry() -> tuple[Rollup, ...]:
+    out: list[Rollup] = []
+    for res in INTERVALS:  # 1m first: each 1h rollup reads what the 1m pass just wrote
+        for kind in KINDS.values():
+            keys = (kind.entity_column,)
+            out.append(_make(f"{kind.name}_{res}", res, kind.table, keys, kind.fields))
+        out.append(_make(f"narrow_{res}", res, "telemetry_narrow_sample", NARROW_KEYS, (NARROW_VALUE,)))
+    return tuple(out)
+
+
+def _make(name: str, res: str, raw: str, keys: tuple[str, ...], fields: tuple[Field, ...]) -> Rollup:
+    if res == "1m":
+        return Rollup(name, res, raw, f"{raw}_1m", keys, fields)
+    prefix = name.rsplit("_", 1)[0]
+    return Rollup(name, res, f"{raw}_1m", f"{raw}_{res}", keys, fields, depends_on=f"{prefix}_1m")
+
+
+ROLLUPS: tuple[Rollup, ...] = _registry()
+BY_NAME: dict[str, Rollup] = {r.name: r for r in ROLLUPS}
+
+
+# --- SQL generation ------------------------------------------------------------------------
+
+def _from_raw(f: Field) -> list[tuple[str, str]]:
+    """(target column, aggregate over raw rows) for one field."""
+    n = f.name
+    last = f"last({n}, time) FILTER (WHERE {n} IS NOT NULL)"
+    if f.kind == GAUGE:
+        return [(f"{n}_min", f"min({n})"), (f"{n}_avg", f"avg({n})"),
+                (f"{n}_max", f"max({n})"), (f"{n}_last", last)]
+    if f.kind == COUNTER:
+        # A drop means the counter restarted from zero, so the new reading is the increase.
+        # NULL on either side makes the step NULL, which sum() skips.
+        step = f"CASE WHEN {n} >= {n}__prev THEN {n} - {n}__prev WHEN {n} < {n}__prev THEN {n} END"
+        return [(f"{n}_delta", f"sum({step})::float8"), (f"{n}_last", last)]
+    assert f.kind == STATE
+    return [(f"{n}_or", f"bit_or({n})"), (f"{n}_last", last)]
+
+
+def _from_rollup(f: Field) -> list[tuple[str, str]]:
+    """(target column, aggregate over finer rollup rows) for one field."""
+    n = f.name
+    last = f"last({n}_last, bucket) FILTER (WHERE {n}_last IS NOT NULL)"
+    if f.kind == GAUGE:
+        weighted = (
+            f"sum({n}_avg * samples) / NULLIF(sum(samples) FILTER (WHERE {n}_avg IS NOT NULL), 0)"
+        )
+        return [(f"{n}_min", f"min({n}_min)"), (f"{n}_avg", weighted),
+                (f"{n}_max", f"max({n}_max)"), (f"{n}_last", last)]
+    if f.kind == COUNTER:
+        return [(f"{n}_delta", f"sum({n}_delta)"), (f"{n}_last", last)]
+    assert f.kind == STATE
+    return [(f"{n}_or", f"bit_or({n}_or)"), (f"{n}_last", last)]
+
+
+def _insert(r: Rollup, source: str, aggs: list[tuple[str, str]], samples: str) -> str:
+    keys = ", ".join(r.keys)
+    bucket = f"time_bucket(%(width)s, {r.time_column})"
+    targets = ", ".join(col for col, _ in aggs)
+    exprs = ",\n       ".join(expr for _, expr in aggs)
+    # Every column is overwritten on conflict, so redoing a bucket replaces it, never adds to it.
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in ["samples", *(col for col, _ in aggs)])
+    return (
+        f"INSERT INTO {r.target} ({keys}, bucket, samples, {targets})\n"
+        f"SELECT {keys}, {bucket}, {samples},\n       {exprs}\n"
+        f"FROM {source}\nWHERE {r.time_column} >= %(start)s AND {r.time_column} < %(end)s\n"
+        f"GROUP BY {keys}, {bucket}\n"
+        f"ON CONFLICT ({keys}, bucket) DO UPDATE SET {updates}"
+    )
+
+
+def _raw_sql(r: Rollup) -> str:
+    aggs = [pair for f in r.fields for pair in _from_raw(f)]
+    counters = [f.name for f in r.fields if f.kind == COUNTER]
+    keys = ", ".join(r.keys)
+    prev = "".join(
+        f",\n           last({n}, time) FILTER (WHERE {n} IS NOT NULL) OVER w AS {n}__prev"
+        for n in counters
+    )
+    # The CTE reads from `lookback` so the first reading of the slice has a predecessor; the
+    # previous non-NULL reading comes from a running last() (PostgreSQL's lag() cannot skip
+    # NULLs). last()'s final function is read-only, so the window is computed incrementally.
+    cte = (
+        f"WITH src AS (\n    SELECT *{prev}\n    FROM {r.source}\n"
+        f"    WHERE time >= %(lookback)s AND time < %(end)s\n"
+        f"    WINDOW w AS (PARTITION BY {keys} ORDER BY time "
+        f"ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)\n)\n"
+    )
+    return cte + _insert(r, "src", aggs, "count(*)")
+
+
+def _rollup_sql(r: Rollup) -> str:
+    aggs = [pair for f in r.fields for pair in _from_rollup(f)]
+    return _insert(r, r.source, aggs, "sum(samples)::int")
+
+
+# --- Running ---------------------------------------------------------------------------------
+
+def floor_bucket(t: datetime, interval: timedelta) -> datetime:
+    """Start of the bucket holding `t` (buckets are aligned to the Unix epoch, like time_bucket)."""
+    step = int(interval.total_seconds())
+    return datetime.fromtimestamp(int(t.timestamp()) // step * step, tz=UTC)
+
+
+def run_rollups(now: datetime | None = None) -> list[RollupRun]:
+    """Bring every rollup up to date; safe to call again or from two processes at once."""
+    now = now or timezone.now()
+    deadline = monotonic() + RUN_BUDGET_SECONDS
+    runs = [_run_one(r, now, deadline) for r in ROLLUPS]
+    for run in runs:
+        if run.skipped:
+            logger.info("rollup %s skipped: another process holds its lock", run.name)
+        else:
+            logger.info("rollup %s: %d rows in %.1f ms over %d slices, final until %s",
+                        run.name, run.rows, run.ms, run.slices, run.done_until)
+    return runs
+
+
+def _run_one(r: Rollup, now: datetime, deadline: float) -> RollupRun:
+    """Catch one rollup up to its final edge, then redo its open buckets.
+
+    1. Each slice runs in its own transaction, which first takes the rollup's advisory lock
+       (transaction-scoped, so a crash can never leave it held). If another process holds it,
+       this pass skips the rollup: that process is doing the same work.
+    2. Under the lock, re-read the watermark (another process may have moved it since the last
+       slice), create it on the first run, and compute the final edge: the start of the bucket
+       holding ``now - LATE_SAMPLE_GRACE``, and for a 1h rollup no later than its 1m source's
+       watermark.
+    3. Roll up at most `SLICE_BUCKETS` buckets from the watermark and advance the watermark in
+       the same transaction, so rows and watermark commit together or not at all.
+    4. Once caught up, recompute the buckets from the watermark to the one holding `now` so
+       recent reads are fresh, without moving the watermark: those buckets may still grow.
+    5. If the run budget is spent first, stop; the next pass continues from the watermark.
+    """
+    rows = slices = 0
+    ms = 0.0
+    while True:
+        with transaction.atomic():
+            if not _try_lock(r):
+                return RollupRun(r.name, rows, ms, slices, skipped=True)
+            mark = _watermark(r, now)
+            edge = _final_edge(r, now, mark)
+            if mark.done_until < edge:
+                end = min(edge, mark.done_until + r.interval * SLICE_BUCKETS[r.resolution])
+            else:
+                end = floor_bucket(now, r.interval) + r.interval
+            n, took = _execute(r, mark.done_until, end)
+            rows, ms, slices = rows + n, ms + took, slices + 1
+            caught_up = mark.done_until >= edge
+            if not caught_up:
+                mark.done_until = end
+            mark.last_rows, mark.last_ms = rows, ms
+            mark.save(update_fields=["done_until", "last_rows", "last_ms", "updated"])
+        if caught_up or monotonic() > deadline:
+            return RollupRun(r.name, rows, ms, slices, done_until=mark.done_until)
+
+
+def _try_lock(r: Rollup) -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, r.lock_key])
+        return cur.fetchone()[0]
+
+
+def _watermark(r: Rollup, now: datetime) -> RollupWatermark:
+    """The rollup's watermark, created at its source's earliest bucket (or now) on first use."""
+    mark = RollupWatermark.objects.select_for_update().filter(name=r.name).first()
+    if mark is not None:
+        return mark
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT min({r.time_column}) FROM {r.source}")
+        earliest = cur.fetchone()[0] or now
+    return RollupWatermark.objects.create(name=r.name, done_until=floor_bucket(earliest, r.interval))
+
+
+def _final_edge(r: Rollup, now: datetime, mark: RollupWatermark) -> datetime:
+    """Every bucket before this is complete and may be closed."""
+    edge = floor_bucket(now - LATE_SAMPLE_GRACE, r.interval)
+    if r.depends_on:
+        source = RollupWatermark.objects.filter(name=r.depends_on).first()
+        source_done = source.done_until if source else mark.done_until
+        edge = min(edge, floor_bucket(source_done, r.interval))
+    return edge
+
+
+def _execute(r: Rollup, start: datetime, end: datetime) -> tuple[int, float]:
+    """Roll up the buckets in [start, end); returns (rows written, milliseconds)."""
+    params = {"start": start, "end": end, "width": r.interval, "lookback": start}
+    if r.has_counters:
+        params["lookback"] = start - COUNTER_LOOKBACK
+    t0 = perf_counter()
+    with connection.cursor() as cur:
+        cur.execute(r.sql, params)
+        rows = max(cur.rowcount, 0)
+    return rows, (perf_counter() - t0) * 1000
+
+
+# --- Retention -------------------------------------------------------------------------------
+
+def _retention_tables() -> tuple[tuple[str, str], ...]:
+    """(hypertable, RETENTION key) for every table whose old chunks are dropped."""
+    raw = [k.table for k in KINDS.values()] + ["telemetry_narrow_sample"]
+    out = [(t, "raw") for t in [*raw, "telemetry_ingest_batch"]]
+    out += [(f"{t}_{res}", res) for res in INTERVALS for t in raw]
+    return tuple(out)
+
+
+RETENTION_TABLES = _retention_tables()
+
+
+def apply_retention(now: datetime | None = None) -> dict[str, int]:
+    """Drop every chunk older than its resolution's retention; returns chunks dropped per table.
+
+    drop_chunks removes whole chunks, so rows survive up to one chunk interval past their
+    retention. Each table is its own transaction: one failure does not undo the others.
+    """
+    now = now or timezone.now()
+    dropped: dict[str, int] = {}
+    for table, res in RETENTION_TABLES:
+        cutoff = _retention_cutoff(table, now - settings.RETENTION[res])
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SELECT drop_chunks(%s::regclass, older_than => %s)", [table, cutoff])
+            dropped[table] = len(cur.fetchall())
+        if dropped[table]:
+            logger.info("retention %s: dropped %d chunks older than %s", table, dropped[table], cutoff)
+    return dropped
+
+
+def _retention_cutoff(table: str, cutoff: datetime) -> datetime:
+    """Hold back the cutoff so no chunk is dropped before its rollups have read it.
+
+    A rollup stuck for longer than the raw retention would otherwise lose data for good; keeping
+    the chunks a little longer costs disk, which is the cheaper failure.
+    """
+    for r in ROLLUPS:
+        if r.source != table:
+            continue
+        mark = RollupWatermark.objects.filter(name=r.name).first()
+        needed = mark.done_until - (COUNTER_LOOKBACK if r.has_counters else timedelta(0)) if mark else None
+        if needed is not None and needed < cutoff:
+            logger.warning("retention %s held back to %s: rollup %s has not read past it",
+                           table, needed, r.name)
+            cutoff = needed
+    return cutoff

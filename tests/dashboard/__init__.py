@@ -1,0 +1,1 @@
+"""Tests for the operator UI: pages, websocket consumers and live publishing."""

@@ -1,0 +1,177 @@
+"""Live fleet updates: the websocket consumer and the throttled publisher.
+
+These run the real ASGI application (auth middleware and all) through WebsocketCommunicator
+against the real Redis channel layer. They need committed rows, because the consumer and the
+trailing publisher read on their own threads' connections, hence `transaction=True`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import redis
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.db import transaction
+
+from dashboard.asgi import application
+from telemetry import live
+from tests.dashboard.test_fleet_page import (  # noqa: F401  (fixtures are used by name)
+    HEALTHY,
+    _pin_stale_after,
+    fixed_selector_now,
+    make_gpu,
+    write_latest,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _free_throttle(fixed_selector_now):
+    """Each test starts with the one-second slot free and ends with no publish in flight."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(live.THROTTLE_KEY)
+    yield client
+    live.wait_for_trailing_publish()
+    client.delete(live.THROTTLE_KEY)
+
+
+@pytest.fixture
+def session_cookie(client, django_user_model) -> bytes:
+    user = django_user_model.objects.create_user("operator", password="pw-operator-1")
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+def _communicator(cookie: bytes | None = None) -> WebsocketCommunicator:
+    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
+    if cookie:
+        headers.append((b"cookie", cookie))
+    return WebsocketCommunicator(application, "/ws/fleet/", headers=headers)
+
+
+def _gpu_total(message: dict) -> int:
+    return message["gpus"]["total"]
+
+
+def test_consumer_rejects_anonymous_users():
+    async def scenario():
+        communicator = _communicator()
+        connected, code = await communicator.connect()
+        await communicator.disconnect()
+        return connected, code
+
+    assert async_to_sync(scenario)() == (False, 4401)
+
+
+def test_consumer_sends_the_summary_on_connect_then_pushed_updates(session_cookie):
+    make_gpu(**HEALTHY)
+
+    async def scenario():
+        communicator = _communicator(session_cookie)
+        connected, _ = await communicator.connect()
+        assert connected
+        initial = await communicator.receive_json_from(timeout=5)
+        await sync_to_async(make_gpu)(**{**HEALTHY, "ecc_dbe_vol": 1})
+        sent = await sync_to_async(live.publish_fleet_summary)()
+        pushed = await communicator.receive_json_from(timeout=5)
+        await communicator.disconnect()
+        return initial, sent, pushed
+
+    initial, sent, pushed = async_to_sync(scenario)()
+
+    assert _gpu_total(initial) == 1 and initial["gpus"]["by_health"]["healthy"]["count"] == 1
+    assert initial["generated_at"] == "2026-11-30T12:00:00+00:00"
+    assert sent is True
+    assert _gpu_total(pushed) == 2 and pushed["gpus"]["by_health"]["failed"]["count"] == 1
+
+
+def test_throttle_sends_at_most_one_update_per_second_and_the_last_change_trails(session_cookie):
+    gpu = make_gpu(**HEALTHY)
+
+    async def scenario():
+        communicator = _communicator(session_cookie)
+        assert (await communicator.connect())[0]
+        await communicator.receive_json_from(timeout=5)  # the on-connect summary
+        results = []
+        for util in (10.0, 20.0, 30.0, 40.0, 50.0):  # five batches commit within the second
+            await sync_to_async(write_latest)(gpu, **{**HEALTHY, "gpu_util": util})
+            results.append(await sync_to_async(live.publish_fleet_summary)())
+        first = await communicator.receive_json_from(timeout=5)
+        first_at = time.monotonic()
+        quiet = await communicator.receive_nothing(timeout=0.5)
+        trailing = await communicator.receive_json_from(timeout=5)
+        gap = time.monotonic() - first_at
+        await sync_to_async(live.wait_for_trailing_publish)()
+        nothing_more = await communicator.receive_nothing(timeout=1.2)
+        await communicator.disconnect()
+        return results, first, quiet, trailing, gap, nothing_more
+
+    results, first, quiet, trailing, gap, nothing_more = async_to_sync(scenario)()
+
+    assert results == [True, False, False, False, False]
+    assert first["utilization"]["gpu_util_pct"] == 10.0
+    assert quiet, "a second summary went out within the throttle window"
+    assert gap >= 0.8
+    assert trailing["utilization"]["gpu_util_pct"] == 50.0, "the last change of the burst was lost"
+    assert nothing_more
+
+
+def test_throttle_is_shared_by_every_process(_free_throttle):
+    # Another process (here: another Redis client) holds this second's slot.
+    assert _free_throttle.set(live.THROTTLE_KEY, "1", nx=True, px=live.THROTTLE_MS)
+    make_gpu(**HEALTHY)
+
+    assert live.publish_fleet_summary() is False
+    # Our change is not lost: the trailing publish sends it once the slot frees.
+    assert _receive_one_group_message(timeout=3)["gpus"]["total"] == 1
+
+
+def test_schedule_publishes_after_commit_only():
+    with transaction.atomic():
+        make_gpu(**HEALTHY)
+        live.schedule_fleet_publish()
+        assert not live._redis.exists(live.THROTTLE_KEY), "published before commit"
+
+    assert live._redis.exists(live.THROTTLE_KEY)
+
+
+def test_schedule_does_not_publish_on_rollback():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        live.schedule_fleet_publish()
+        raise RuntimeError("ingest failed")
+
+    assert not live._redis.exists(live.THROTTLE_KEY)
+
+
+def test_publish_failure_is_logged_not_raised(monkeypatch, caplog):
+    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    monkeypatch.setattr(live, "_redis", unreachable)
+
+    with caplog.at_level(logging.ERROR, logger="telemetry.live"):
+        assert live.publish_fleet_summary() is False
+
+    assert "fleet summary publish failed" in caplog.text
+
+
+def _receive_one_group_message(timeout: float) -> dict:
+    """Join the fleet group on a fresh channel and return the next summary sent to it."""
+    async def scenario():
+        import asyncio
+
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(live.FLEET_GROUP, channel)
+        try:
+            message = await asyncio.wait_for(layer.receive(channel), timeout)
+        finally:
+            await layer.group_discard(live.FLEET_GROUP, channel)
+        assert message["type"] == "fleet.update"
+        return message["data"]
+
+    return async_to_sync(scenario)()

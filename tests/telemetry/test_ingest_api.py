@@ -1,0 +1,202 @@
+"""The ingest API end to end: HTTP request → validation → COPY → hypertable, last-value table.
+
+These tests use transaction=True because the API writes from a worker thread on its own
+database connection, exactly as in production.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from telemetry.actions import do_create_collector_token
+from telemetry.models import Gpu, IngestBatch, Node
+from tests.conftest import FIXED_NOW
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T0 = FIXED_NOW
+
+
+@pytest.fixture(autouse=True)
+def _fixed_clock(monkeypatch):
+    # Future/past checks compare against the server clock; pin it to the fixtures' epoch.
+    from telemetry.api import views
+
+    monkeypatch.setattr(views, "_times", lambda: views.TimeParser(T0, timedelta(minutes=5), timedelta(days=7)))
+
+
+@pytest.fixture
+def token():
+    return do_create_collector_token("test-collector")
+
+
+@pytest.fixture
+def post(client, token):
+    def _post(body, *, content_type="application/json", path="/api/v1/ingest", auth=True, headers=None):
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        extra = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if auth else {}
+        for k, v in (headers or {}).items():
+            extra["HTTP_" + k.upper().replace("-", "_")] = v
+        return client.post(path, data=body, content_type=content_type, **extra)
+
+    return _post
+
+
+def _gpu(uuid, host="node-a", t=T0, **fields):
+    return {"host": host, "uuid": uuid, "index": 0, "model": "NVIDIA H100 80GB HBM3",
+            "time": t.isoformat(), "fields": fields}
+
+
+def _count(table: str, where: str = "true") -> int:
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {table} WHERE {where}")
+        return cur.fetchone()[0]
+
+
+def test_json_batch_writes_rows_latest_and_log(post):
+    body = {"gpus": [_gpu("GPU-1", gpu_util=50.0, energy_mj=1000), _gpu("GPU-2", gpu_util=70.0)]}
+    resp = post(body)
+    assert resp.status_code == 200, resp.content
+    assert resp.json()["accepted"] == 3
+    assert _count("telemetry_gpu_sample") == 2
+    with connection.cursor() as cur:
+        cur.execute("SELECT g.uuid, l.gpu_util, l.energy_mj FROM telemetry_gpu_sample_latest l "
+                    "JOIN telemetry_gpu g ON g.id = l.gpu_id ORDER BY g.uuid")
+        assert cur.fetchall() == [("GPU-1", 50.0, 1000), ("GPU-2", 70.0, None)]
+    assert IngestBatch.objects.get().samples == 3
+
+
+def test_resent_batch_is_harmless(post):
+    body = {"gpus": [_gpu("GPU-1", gpu_util=50.0), _gpu("GPU-1", t=T0 + timedelta(seconds=10), gpu_util=60.0)]}
+    assert post(body).status_code == 200
+    assert post(body).status_code == 200
+    assert _count("telemetry_gpu_sample") == 2
+    with connection.cursor() as cur:
+        cur.execute("SELECT gpu_util FROM telemetry_gpu_sample_latest")
+        assert cur.fetchall() == [(60.0,)]
+
+
+def test_second_source_fills_missing_fields_without_overwriting(post):
+    assert post({"gpus": [_gpu("GPU-1", gpu_util=50.0)]}).status_code == 200
+    assert post({"gpus": [_gpu("GPU-1", gpu_temp=61.0)]}).status_code == 200
+    with connection.cursor() as cur:
+        cur.execute("SELECT gpu_util, gpu_temp FROM telemetry_gpu_sample")
+        assert cur.fetchall() == [(50.0, 61.0)]
+
+
+def test_latest_ignores_older_samples(post):
+    post({"gpus": [_gpu("GPU-1", t=T0, gpu_util=10.0)]})
+    post({"gpus": [_gpu("GPU-1", t=T0 - timedelta(minutes=1), gpu_util=99.0)]})
+    with connection.cursor() as cur:
+        cur.execute("SELECT gpu_util, time FROM telemetry_gpu_sample_latest")
+        assert cur.fetchall() == [(10.0, T0)]
+
+
+def test_unseen_gpu_registers_unplaced_node(post):
+    post({"gpus": [_gpu("GPU-NEW", host="stray-01", gpu_util=1.0)]})
+    gpu = Gpu.objects.select_related("node").get(uuid="GPU-NEW")
+    assert gpu.node.hostname == "stray-01" and not gpu.node.placed
+    assert gpu.model == "NVIDIA H100 80GB HBM3"
+
+
+def test_ndjson_batch_accepted(post):
+    lines = [
+        {"kind": "gpu", **_gpu("GPU-1", gpu_util=5.0)},
+        {"kind": "port", "host": "node-a", "port": "mlx5_0/1", "time": T0.isoformat(), "fields": {"xmit_wait": 7}},
+    ]
+    resp = post("\n".join(json.dumps(x) for x in lines), content_type="application/x-ndjson")
+    assert resp.status_code == 200, resp.content
+    assert _count("telemetry_port_sample") == 1 and _count("telemetry_gpu_sample") == 1
+
+
+def test_ndjson_error_names_the_line(post):
+    lines = [json.dumps({"kind": "gpu", **_gpu("GPU-1", gpu_util=5.0)}), "{not json"]
+    resp = post("\n".join(lines), content_type="application/x-ndjson")
+    assert resp.status_code == 400
+    assert resp.json()["error"]["where"].startswith("line 2")
+    assert _count("telemetry_gpu_sample") == 0
+
+
+def test_malformed_record_rejects_whole_batch(post):
+    body = {"gpus": [_gpu("GPU-1", gpu_util=5.0), _gpu("GPU-2", gpu_util="lots")]}
+    resp = post(body)
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert err["where"] == "$.gpus[1].fields.gpu_util" and "'lots'" in err["message"]
+    assert _count("telemetry_gpu_sample") == 0 and not Gpu.objects.exists() and not IngestBatch.objects.exists()
+
+
+def test_unknown_field_is_named(post):
+    resp = post({"gpus": [_gpu("GPU-1", gpu_utl=5.0)]})
+    assert resp.status_code == 400 and resp.json()["error"]["where"] == "$.gpus[0].fields.gpu_utl"
+
+
+def test_nan_and_future_samples_rejected_and_counted(post):
+    body = ('{"gpus": [' + json.dumps(_gpu("GPU-1", gpu_util=5.0, gpu_temp=40.0))[:-2]
+            + ', "power_w": NaN}}, '
+            + json.dumps(_gpu("GPU-2", t=T0 + timedelta(minutes=6), gpu_util=1.0, gpu_temp=2.0)) + "]}")
+    resp = post(body)
+    assert resp.status_code == 200, resp.content
+    data = resp.json()
+    assert data["accepted"] == 2 and data["rejected"] == 3
+    reasons = " ".join(r["reason"] for r in data["rejections"])
+    assert "non-finite" in reasons and "future" in reasons
+    assert _count("telemetry_gpu_sample") == 1
+
+
+def test_missing_token_is_401_and_bad_token_403(post, client):
+    resp = post({"gpus": []}, auth=False)
+    assert resp.status_code == 401 and "Bearer" in resp["WWW-Authenticate"]
+    resp = client.post("/api/v1/ingest", data="{}", content_type="application/json",
+                       HTTP_AUTHORIZATION="Bearer bwc_not-a-real-token")
+    assert resp.status_code == 403 and resp.json()["error"]["code"] == "bad_token"
+
+
+def test_revoked_token_is_403(post, token):
+    from django.utils import timezone
+
+    from telemetry.models import CollectorToken
+
+    CollectorToken.objects.update(revoked_at=timezone.now())
+    assert post({"gpus": []}).status_code == 403
+
+
+def test_body_over_limit_is_413(post, settings):
+    settings.INGEST_MAX_BODY_BYTES = 1000
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    resp = post({"gpus": [_gpu(f"GPU-{i}", gpu_util=1.0) for i in range(50)]})
+    assert resp.status_code == 413
+    assert _count("telemetry_gpu_sample") == 0
+
+
+def test_gzip_body_accepted_and_gzip_bomb_is_413(post, settings):
+    body = json.dumps({"gpus": [_gpu("GPU-1", gpu_util=5.0)]}).encode()
+    assert post(gzip.compress(body), headers={"Content-Encoding": "gzip"}).status_code == 200
+    settings.INGEST_MAX_BODY_BYTES = 10_000
+    bomb = gzip.compress(b" " * 1_000_000)
+    resp = post(bomb, headers={"Content-Encoding": "gzip"})
+    assert resp.status_code == 413 and "decompressed" in resp.json()["error"]["message"]
+
+
+def test_get_is_405(client):
+    assert client.get("/api/v1/ingest").status_code == 405
+
+
+def test_unknown_switch_port_rejected_per_record(post):
+    body = {"ports": [{"switch": "no-such-leaf", "port": "p1", "time": T0.isoformat(), "fields": {"xmit_wait": 1}}],
+            "gpus": [_gpu("GPU-1", gpu_util=5.0)]}
+    resp = post(body)
+    assert resp.status_code == 200
+    assert resp.json()["rejected"] == 1 and "unknown switch" in resp.json()["rejections"][0]["reason"]
+    assert _count("telemetry_port_sample") == 0 and _count("telemetry_gpu_sample") == 1
+
+
+def test_node_first_seen_by_port_is_unplaced(post):
+    post({"ports": [{"host": "ib-only-host", "port": "mlx5_0/1", "time": T0.isoformat(), "fields": {"symbol_errors": 0}}]})
+    assert Node.objects.get(hostname="ib-only-host").rack is None
