@@ -28,6 +28,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connections, transaction
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from telemetry.selectors import fleet_summary
 
@@ -39,9 +41,21 @@ THROTTLE_MS = 1000
 # Wait a little past the slot's expiry so the trailing claim does not race the TTL.
 _TRAILING_MARGIN_S = 0.02
 
-# One client per process; redis-py pools connections and is thread-safe. Short timeouts keep a
-# Redis outage from stalling the ingest request that triggered the publish.
-_redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+
+def _client(url: str) -> redis.Redis:
+    """A Redis client that fails within about a second instead of stalling ingest.
+
+    redis-py's default retries ten times with backoff (several seconds when Redis is down); one
+    immediate retry is enough to replace a pooled connection that Redis closed.
+    """
+    return redis.Redis.from_url(
+        url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 1)
+    )
+
+
+# One client per process; redis-py pools connections and is thread-safe.
+_redis = _client(settings.REDIS_URL)
 
 _trailing_guard = threading.Lock()
 _trailing: threading.Timer | None = None  # armed and not yet fired

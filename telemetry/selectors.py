@@ -2,12 +2,11 @@
 
 `fleet_summary()` is the operator's first page and the payload of every live push, so it must
 stay cheap at 16k GPUs: it reads only the last-value tables (one row per entity), never the raw
-hypertables, and every count, mean and sum is computed by PostgreSQL. Four small queries:
+hypertables, and every count, mean and sum is computed by PostgreSQL. Three small queries:
 
-1. health of every GPU and node (one statement, the GPU rule written once as a CTE);
-2. utilization and power over the GPUs that are reporting;
-3. ingest rate from the per-batch log over the last minute;
-4. the newest sample time over all last-value tables.
+1. health of every GPU and node, utilization and power (one pass over the GPU inventory);
+2. ingest rate from the per-batch log over the last minute;
+3. the newest sample time over all last-value tables.
 """
 
 from __future__ import annotations
@@ -42,77 +41,73 @@ DEGRADING_THROTTLE_MASK = (
 GPU_TEMP_DEGRADED_C = 87
 MEMORY_TEMP_DEGRADED_C = 95
 
-# A node is as bad as its worst GPU; drained and unplaced come from the node itself.
-NODE_SEVERITY: tuple[str, ...] = (
-    HealthState.HEALTHY, HealthState.STALE, HealthState.DEGRADED, HealthState.FAILED,
-)
-
 INGEST_WINDOW = timedelta(seconds=60)
+
+# Health as small integers inside SQL (cheaper to compare and group than text), ordered so
+# that a node's health is the highest code among its GPUs: failed > degraded > stale > healthy,
+# and drained/unplaced, which every GPU of such a node inherits from the node itself.
+SEVERITY: tuple[HealthState, ...] = (
+    HealthState.HEALTHY, HealthState.STALE, HealthState.DEGRADED, HealthState.FAILED,
+    HealthState.DRAINED, HealthState.UNPLACED,
+)
+_CODE = {state.value: code for code, state in enumerate(SEVERITY)}
 
 _GPU_LATEST = KINDS["gpu"].latest_table
 
-# One row per GPU with its health; first matching rule wins. A GPU with no last-value row
-# (never reported) falls into "stale" because `l.time` is NULL there.
-_GPU_HEALTH_CTE = f"""
-gpu AS (
+# One statement, one pass over the inventory joined to the last-value table:
+# 1. `gpu`: each GPU's health code, first matching rule wins; a GPU with no last-value row
+#    (never reported) is stale because `l.time` is NULL. "Reporting" means a row newer than
+#    STALE_AFTER whatever the node's state: a drained GPU still draws power.
+# 2. `node`: the node's own state first, else its worst GPU; a node with no GPUs has nothing
+#    worse than healthy.
+# 3. Counts per code for both, and utilization/power over reporting GPUs. Power columns are
+#    4-byte reals; they are summed as float8 so 16k of them stay exact to the watt. The share
+#    of caps only counts GPUs that report both draw and limit, so one missing limit cannot
+#    push it past 100 %.
+_FLEET_SQL = f"""
+WITH gpu AS MATERIALIZED (
     SELECT g.node_id,
         CASE
-            WHEN n.rack_id IS NULL THEN %(unplaced)s
-            WHEN n.state = ANY(%(drained_states)s) THEN %(drained)s
-            WHEN l.time IS NULL OR l.time < %(stale_before)s THEN %(stale)s
+            WHEN n.rack_id IS NULL THEN {_CODE["unplaced"]}
+            WHEN n.state = ANY(%(drained_states)s) THEN {_CODE["drained"]}
+            WHEN l.time IS NULL OR l.time < %(stale_before)s THEN {_CODE["stale"]}
             WHEN l.row_remap_failure = 1 OR l.ecc_dbe_vol > 0 OR l.xid = ANY(%(rma_xids)s)
-                THEN %(failed)s
+                THEN {_CODE["failed"]}
             WHEN (l.throttle_reasons & %(throttle_mask)s) <> 0
                 OR l.gpu_temp >= %(gpu_temp)s OR l.memory_temp >= %(memory_temp)s
                 OR l.row_remap_pending = 1
-                THEN %(degraded)s
-            ELSE %(healthy)s
-        END AS health
+                THEN {_CODE["degraded"]}
+            ELSE {_CODE["healthy"]}
+        END AS code,
+        l.time >= %(stale_before)s AS reporting,
+        l.gpu_util, l.gr_engine_active, l.power_w::float8 AS power_w,
+        l.power_limit_w::float8 AS power_limit_w
     FROM {Gpu._meta.db_table} g
     JOIN {Node._meta.db_table} n ON n.id = g.node_id
     LEFT JOIN {_GPU_LATEST} l ON l.gpu_id = g.id
-)"""
-
-
-def _severity_case(expr: str, *, to_rank: bool) -> str:
-    """SQL CASE mapping a health value to its NODE_SEVERITY rank, or a rank back to a value."""
-    pairs = [(f"'{state}'", str(rank)) for rank, state in enumerate(NODE_SEVERITY)]
-    whens = " ".join(f"WHEN {a} THEN {b}" if to_rank else f"WHEN {b} THEN {a}" for a, b in pairs)
-    # A node with no GPUs has nothing to be worse than: it counts as healthy when active.
-    return f"CASE {expr} {whens} ELSE {'0' if to_rank else repr(str(HealthState.HEALTHY))} END"
-
-
-_HEALTH_SQL = f"""
-WITH {_GPU_HEALTH_CTE},
+),
 node AS (
     SELECT CASE
-        WHEN n.rack_id IS NULL THEN %(unplaced)s
-        WHEN n.state = ANY(%(drained_states)s) THEN %(drained)s
-        ELSE {_severity_case(f"max({_severity_case('gpu.health', to_rank=True)})", to_rank=False)}
-    END AS health
+        WHEN n.rack_id IS NULL THEN {_CODE["unplaced"]}
+        WHEN n.state = ANY(%(drained_states)s) THEN {_CODE["drained"]}
+        ELSE coalesce(max(gpu.code), {_CODE["healthy"]})
+    END AS code
     FROM {Node._meta.db_table} n
     LEFT JOIN gpu ON gpu.node_id = n.id
     GROUP BY n.id
 )
-SELECT 'gpu', health, count(*) FROM gpu GROUP BY health
-UNION ALL
-SELECT 'node', health, count(*) FROM node GROUP BY health
-"""
-
-# "Reporting" means a last-value row newer than STALE_AFTER, whatever the node's state:
-# a drained GPU still draws power and may still be busy finishing work. Power columns are
-# 4-byte reals; summing 16k of them in float8 keeps the total exact to the watt.
-_UTILIZATION_SQL = f"""
-SELECT count(*),
-    avg(l.gpu_util),
-    avg(l.gr_engine_active) * 100,
-    sum(l.power_w::float8),
-    sum(l.power_limit_w::float8),
-    sum(l.power_w::float8) FILTER (WHERE l.power_limit_w > 0),
-    sum(l.power_limit_w::float8) FILTER (WHERE l.power_w IS NOT NULL AND l.power_limit_w > 0)
-FROM {_GPU_LATEST} l
-JOIN {Gpu._meta.db_table} g ON g.id = l.gpu_id
-WHERE l.time >= %(stale_before)s
+SELECT
+    (SELECT json_object_agg(code, n) FROM (SELECT code, count(*) n FROM gpu GROUP BY code) c),
+    (SELECT json_object_agg(code, n) FROM (SELECT code, count(*) n FROM node GROUP BY code) c),
+    count(*),
+    avg(gpu_util),
+    avg(gr_engine_active) * 100,
+    sum(power_w),
+    sum(power_limit_w),
+    sum(power_w) FILTER (WHERE power_limit_w > 0),
+    sum(power_limit_w) FILTER (WHERE power_w IS NOT NULL AND power_limit_w > 0)
+FROM gpu
+WHERE reporting
 """
 
 _INGEST_SQL = f"""
@@ -133,44 +128,48 @@ def fleet_summary(now: datetime | None = None) -> dict:
     page and travels over the websocket unchanged.
     """
     now = now or timezone.now()
-    stale_before = now - settings.STALE_AFTER
     with connection.cursor() as cursor:
-        gpus, nodes = _health_counts(cursor, stale_before)
-        utilization, power = _utilization_and_power(cursor, stale_before)
+        fleet = _fleet_health_and_load(cursor, now - settings.STALE_AFTER)
         ingest = _ingest_rate(cursor, now)
         newest = _newest_sample(cursor, now)
-    utilization["total"] = gpus["total"]
     return {
         "generated_at": _iso(now),
         "stale_after_s": settings.STALE_AFTER.total_seconds(),
-        "gpus": gpus,
-        "nodes": nodes,
-        "utilization": utilization,
-        "power": power,
+        **fleet,
         "ingest": ingest,
         "newest_sample": newest,
     }
 
 
-def _health_counts(cursor, stale_before: datetime) -> tuple[dict, dict]:
-    params = {state.value: state.value for state in HealthState}
-    params.update(
-        drained_states=[NodeState.DRAINED.value, NodeState.DOWN.value],
-        stale_before=stale_before,
-        rma_xids=list(RESET_OR_RMA_XIDS),
-        throttle_mask=DEGRADING_THROTTLE_MASK,
-        gpu_temp=GPU_TEMP_DEGRADED_C,
-        memory_temp=MEMORY_TEMP_DEGRADED_C,
-    )
-    cursor.execute(_HEALTH_SQL, params)
-    counts: dict[str, dict[str, int]] = {"gpu": {}, "node": {}}
-    for entity, health, count in cursor.fetchall():
-        counts[entity][health] = count
-    return _by_health(counts["gpu"]), _by_health(counts["node"])
+def _fleet_health_and_load(cursor, stale_before: datetime) -> dict:
+    cursor.execute(_FLEET_SQL, {
+        "drained_states": [NodeState.DRAINED.value, NodeState.DOWN.value],
+        "stale_before": stale_before,
+        "rma_xids": list(RESET_OR_RMA_XIDS),
+        "throttle_mask": DEGRADING_THROTTLE_MASK,
+        "gpu_temp": GPU_TEMP_DEGRADED_C,
+        "memory_temp": MEMORY_TEMP_DEGRADED_C,
+    })
+    (gpu_codes, node_codes, reporting, util, busy,
+     draw_w, cap_w, capped_draw_w, capped_cap_w) = cursor.fetchone()
+    gpus = _by_health(gpu_codes)
+    return {
+        "gpus": gpus,
+        "nodes": _by_health(node_codes),
+        "utilization": {
+            "reporting": reporting, "total": gpus["total"], "gpu_util_pct": util, "busy_pct": busy,
+        },
+        "power": {
+            "draw_kw": draw_w / 1000 if draw_w is not None else None,
+            "cap_kw": cap_w / 1000 if cap_w is not None else None,
+            "used_pct": 100 * capped_draw_w / capped_cap_w if capped_cap_w else None,
+        },
+    }
 
 
-def _by_health(counts: dict[str, int]) -> dict:
+def _by_health(code_counts: dict[str, int] | None) -> dict:
     """Every health state in display order, with its label and colour, zeros included."""
+    counts = {SEVERITY[int(code)].value: n for code, n in (code_counts or {}).items()}
     by_health = {
         state.value: {
             "label": state.label,
@@ -180,20 +179,6 @@ def _by_health(counts: dict[str, int]) -> dict:
         for state in HealthState
     }
     return {"total": sum(counts.values()), "by_health": by_health}
-
-
-def _utilization_and_power(cursor, stale_before: datetime) -> tuple[dict, dict]:
-    cursor.execute(_UTILIZATION_SQL, {"stale_before": stale_before})
-    reporting, util, busy, draw_w, cap_w, capped_draw_w, capped_cap_w = cursor.fetchone()
-    utilization = {"reporting": reporting, "gpu_util_pct": util, "busy_pct": busy}
-    power = {
-        "draw_kw": draw_w / 1000 if draw_w is not None else None,
-        "cap_kw": cap_w / 1000 if cap_w is not None else None,
-        # Draw over caps only where a GPU reports both, so a GPU missing its limit cannot push
-        # the ratio past 100 %.
-        "used_pct": 100 * capped_draw_w / capped_cap_w if capped_cap_w else None,
-    }
-    return utilization, power
 
 
 def _ingest_rate(cursor, now: datetime) -> dict:

@@ -315,7 +315,10 @@ def _children(raw: dict, key: str, spec: dict[str, F], nested: tuple[str, ...], 
 def _unique(records: Iterable[Rec], key: str, what: str, issues: list[TopologyIssue], *,
             value: Callable[[Rec], Any] | None = None,
             scope: Callable[[Rec], Any] | None = None) -> None:
-    """Report each record whose value repeats an earlier one, naming both paths."""
+    """Report each record whose value repeats an earlier one, naming both paths.
+
+    `what` is a phrase with one `{}` for the value, e.g. "GPU index {} on this node".
+    """
     first: dict[Any, str] = {}
     for rec in records:
         v = value(rec) if value else rec.values.get(key)
@@ -324,7 +327,8 @@ def _unique(records: Iterable[Rec], key: str, what: str, issues: list[TopologyIs
         k = (scope(rec) if scope else None, v)
         where = _join(rec.path, key)
         if k in first:
-            issues.append(TopologyIssue(where, f"duplicate {what} {v!r}; first at {first[k]}"))
+            shown = what.format(repr(v))
+            issues.append(TopologyIssue(where, f"duplicate {shown}; first at {first[k]}"))
         else:
             first[k] = where
 
@@ -360,16 +364,16 @@ def _walk_node(plan: Plan, node: Rec, raw: dict, issues: list[TopologyIssue]) ->
     plan.nodes.append(node)
     host = node.values.get("hostname")
     gpus = _children(raw, "gpus", GPU, ("mig",), node.path, host, issues)
-    _unique((g for g, _ in gpus), "index", "GPU index on this node", issues)
+    _unique((g for g, _ in gpus), "index", "GPU index {} on this node", issues)
     for gpu, gpu_raw in gpus:
         plan.gpus.append(gpu)
         migs = [m for m, _ in _children(gpu_raw, "mig", MIG, (), gpu.path, gpu.values.get("uuid"),
                                         issues)]
-        _unique(migs, "gi_id", "MIG (gi_id, ci_id) on this GPU", issues,
+        _unique(migs, "gi_id", "MIG instance (gi_id, ci_id) {} on this GPU", issues,
                 value=lambda m: _both(m.values.get("gi_id"), m.values.get("ci_id")))
         plan.migs.extend(migs)
     hcas = [p for p, _ in _children(raw, "hcas", PORT, (), node.path, ("node", host), issues)]
-    _unique(hcas, "name", "port name on this node", issues)
+    _unique(hcas, "name", "port name {} on this node", issues)
     for port in hcas:
         port.values["link_layer"] = port.values.get("link_layer") or "infiniband"
     plan.ports.extend(hcas)
@@ -388,7 +392,7 @@ def _walk_switch(plan: Plan, switch: Rec, raw: dict, issues: list[TopologyIssue]
     plan.switches.append(switch)
     owner = ("switch", switch.values.get("name"))
     ports = [p for p, _ in _children(raw, "ports", PORT, (), switch.path, owner, issues)]
-    _unique(ports, "name", "port name on this switch", issues)
+    _unique(ports, "name", "port name {} on this switch", issues)
     speed, layer = switch.refs.get("port_speed_gbps"), switch.refs.get("port_link_layer")
     for port in ports:
         port.values["link_layer"] = port.values.get("link_layer") or layer or "infiniband"
@@ -440,15 +444,15 @@ def _walk_power(plan: Plan, raw: Any, path: str, issues: list[TopologyIssue]) ->
 
 # --- pass 2: the whole file --------------------------------------------------------------
 def _check_names(plan: Plan, issues: list[TopologyIssue]) -> None:
-    _unique(plan.sites, "name", "site name", issues)
-    _unique(plan.halls, "name", "hall name in this site", issues, scope=lambda r: r.parent)
-    _unique(plan.rows, "name", "row name in this hall", issues, scope=lambda r: r.parent)
-    _unique(plan.racks, "name", "rack name", issues)
-    _unique(plan.nodes, "hostname", "hostname", issues)
-    _unique(plan.gpus, "uuid", "GPU UUID", issues)
-    _unique(plan.switches, "name", "switch name", issues)
-    _unique(plan.domains, "name", "NVLink domain name", issues)
-    _unique(plan.power, "name", "power device name", issues)
+    _unique(plan.sites, "name", "site name {}", issues)
+    _unique(plan.halls, "name", "hall name {} in this site", issues, scope=lambda r: r.parent)
+    _unique(plan.rows, "name", "row name {} in this hall", issues, scope=lambda r: r.parent)
+    _unique(plan.racks, "name", "rack name {}", issues)
+    _unique(plan.nodes, "hostname", "hostname {}", issues)
+    _unique(plan.gpus, "uuid", "GPU UUID {}", issues)
+    _unique(plan.switches, "name", "switch name {}", issues)
+    _unique(plan.domains, "name", "NVLink domain name {}", issues)
+    _unique(plan.power, "name", "power device name {}", issues)
     hosts = {n.values.get("hostname"): _join(n.path, "hostname") for n in plan.nodes}
     for switch in plan.switches:
         name = switch.values.get("name")
@@ -485,6 +489,10 @@ def _check_domains(plan: Plan, issues: list[TopologyIssue]) -> None:
         owner.setdefault(name, where)
 
 
+def _span(low: int, top: int) -> str:
+    return f"U{low}" if low == top else f"U{low}-U{top}"
+
+
 def _check_u_ranges(plan: Plan, issues: list[TopologyIssue]) -> None:
     """Nodes and rack switches (1U each) must fit in their rack and not overlap."""
     racks = {r.values.get("name"): r for r in plan.racks}
@@ -498,7 +506,7 @@ def _check_u_ranges(plan: Plan, issues: list[TopologyIssue]) -> None:
         top, rack_top = low + height - 1, rack.values.get("u_height")
         where = _join(rec.path, "u")
         if rack_top is not None and top > rack_top:
-            issues.append(TopologyIssue(where, f"{what} {name!r} at U{low}-U{top} does not fit "
+            issues.append(TopologyIssue(where, f"{what} {name!r} at {_span(low, top)} does not fit "
                                         f"in rack {rec.parent!r} ({rack_top}U)"))
         spans[rec.parent].append((low, top, f"{what} {name!r}", where))
     for items in spans.values():
@@ -506,8 +514,8 @@ def _check_u_ranges(plan: Plan, issues: list[TopologyIssue]) -> None:
         highest = None  # the span reaching highest so far
         for low, top, label, where in items:
             if highest is not None and low <= highest[1]:
-                issues.append(TopologyIssue(where, f"{label} at U{low}-U{top} overlaps "
-                                            f"{highest[2]} at U{highest[0]}-U{highest[1]} ({highest[3]})"))
+                issues.append(TopologyIssue(where, f"{label} at {_span(low, top)} overlaps "
+                                            f"{highest[2]} at {_span(*highest[:2])} ({highest[3]})"))
             if highest is None or top > highest[1]:
                 highest = (low, top, label, where)
 

@@ -37,7 +37,7 @@ from telemetry.fields import (
 )
 from telemetry.ingest.prometheus import PromSample
 
-__all__ = ["DcgmRecords", "dcgm_records"]
+__all__ = ["DcgmRecords", "dcgm_records", "is_blank"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _INT_COLUMNS = frozenset(f.name for f in GPU_FIELDS if f.is_int)

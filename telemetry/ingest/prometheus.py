@@ -5,11 +5,12 @@ scrape round, so :func:`parse_exposition` is built for throughput while still re
 malformed with the 1-based line number of the first bad line:
 
 - Lines are split once. A sample line in the usual ``name{labels} value [timestamp]`` shape is
-  taken apart with ``str.find``/``rfind``/``split``, all C-level calls.
+  taken apart with ``str.rpartition``/``partition`` and ``float()``, all C-level calls.
 - Label sets repeat across every metric of a GPU, so each distinct raw label string is parsed once
   per call and the resulting dict is shared by every sample that carries it.
 - Any line the fast path is not sure about (escapes, extra blanks, a bad token) is re-read by a
   character scanner that either accepts it or says precisely what is wrong.
+- The cyclic GC is paused during a parse (see :func:`_gc_paused`).
 
 Values accept decimal and exponent forms plus ``NaN``/``Inf`` in the spellings Go's
 ``strconv.ParseFloat`` takes (case-insensitive ``nan``, ``inf``, ``infinity``, optional sign);
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
-__all__ = ["ExpositionError", "PromSample", "parse_exposition"]
+__all__ = ["METRIC_TYPES", "ExpositionError", "PromSample", "parse_exposition"]
 
 METRIC_TYPES = frozenset(
     {

@@ -144,12 +144,44 @@ def _check_identity(kind: str, rec: dict, where: str) -> dict:
     return ident
 
 
+_NUMBER_TYPES = frozenset({int, float})
+_INT_FIELDS = {k: frozenset(f.name for f in kind.fields if f.is_int) for k, kind in KINDS.items()}
+_KNOWN = {k: frozenset(kind.by_name) for k, kind in KINDS.items()}
+
+
+def _fast_values(kind: str, raw: dict) -> dict | None:
+    """The common case checked at C speed: known names, plain finite numbers. None means
+    'look closer' (the slow path finds and names the problem)."""
+    if not raw.keys() <= _KNOWN[kind]:
+        return None
+    vals = raw.values()
+    if not set(map(type, vals)) <= _NUMBER_TYPES:
+        return None
+    try:
+        if not math.isfinite(sum(vals)):
+            return None
+    except OverflowError:
+        return None
+    out = dict(raw)
+    for name in _INT_FIELDS[kind] & out.keys():
+        value = out[name]
+        if type(value) is float:
+            out[name] = int(round(value))
+        elif not -(2**63) <= value < 2**63:
+            return None
+    return out
+
+
 def _values(kind: str, raw, where: str, batch: Batch, *, registry: bool) -> dict:
     """Validated numeric values; non-finite ones are rejected and counted, not stored."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise BatchError(where, f"must be an object of field: number, got {type(raw).__name__}")
+    if registry:
+        fast = _fast_values(kind, raw)
+        if fast is not None:
+            return fast
     known = KINDS[kind].by_name if registry else None
     out = {}
     for name, value in raw.items():

@@ -124,14 +124,16 @@ def _on(**node_kwargs):
         pytest.param(None, {**HEALTHY, "xid": 13}, "healthy", id="app-xid-13-healthy"),
         pytest.param(None, {**HEALTHY, "xid": 79, "throttle_reasons": 0x40}, "failed",
                      id="failed-beats-degraded"),
-        pytest.param(None, {**HEALTHY, "throttle_reasons": 0x40}, "degraded", id="degraded-hw-thermal"),
+        pytest.param(None, {**HEALTHY, "throttle_reasons": 0x40}, "degraded",
+                     id="degraded-hw-thermal"),
         pytest.param(None, {**HEALTHY, "throttle_reasons": 0x80 | 0x1}, "degraded",
                      id="degraded-power-brake"),
         pytest.param(None, {**HEALTHY, "throttle_reasons": 0x1 | 0x4}, "healthy",
                      id="idle-and-sw-power-cap-healthy"),
         pytest.param(None, {**HEALTHY, "gpu_temp": 87.0}, "degraded", id="degraded-gpu-temp"),
         pytest.param(None, {**HEALTHY, "memory_temp": 95.0}, "degraded", id="degraded-hbm-temp"),
-        pytest.param(None, {**HEALTHY, "row_remap_pending": 1}, "degraded", id="degraded-remap-pending"),
+        pytest.param(None, {**HEALTHY, "row_remap_pending": 1}, "degraded",
+                     id="degraded-remap-pending"),
     ],
 )
 def test_gpu_health_first_matching_rule_wins(node, latest, expected):
@@ -174,7 +176,9 @@ def test_empty_fleet_reports_nothing_rather_than_zeroes():
     summary = fleet_summary(now=FIXED_NOW)
 
     assert summary["gpus"]["total"] == 0 and summary["nodes"]["total"] == 0
-    assert summary["utilization"] == {"reporting": 0, "total": 0, "gpu_util_pct": None, "busy_pct": None}
+    assert summary["utilization"] == {
+        "reporting": 0, "total": 0, "gpu_util_pct": None, "busy_pct": None,
+    }
     assert summary["power"] == {"draw_kw": None, "cap_kw": None, "used_pct": None}
     assert summary["newest_sample"] == {"time": None, "age_s": None}
 
@@ -215,7 +219,9 @@ def test_ingest_rate_counts_the_last_minute_of_batches():
 
     ingest = fleet_summary(now=FIXED_NOW)["ingest"]
 
-    assert ingest == {"window_s": 60.0, "samples_per_s": 20.0, "batches_per_min": 2.0, "rejected": 3}
+    assert ingest == {
+        "window_s": 60.0, "samples_per_s": 20.0, "batches_per_min": 2.0, "rejected": 3,
+    }
 
 
 @pytest.mark.django_db
@@ -245,7 +251,9 @@ def test_summary_times_are_iso_strings_in_utc():
 
 @pytest.fixture
 def operator(django_user_model):
-    return django_user_model.objects.create_user("operator", password="pw-operator-1", is_staff=True)
+    return django_user_model.objects.create_user(
+        "operator", password="pw-operator-1", is_staff=True
+    )
 
 
 @pytest.fixture

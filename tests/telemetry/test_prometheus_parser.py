@@ -6,6 +6,7 @@ independent parser (prometheus_client), never from our own output.
 
 from __future__ import annotations
 
+import gc
 import math
 from pathlib import Path
 
@@ -271,3 +272,24 @@ def test_error_snippet_truncated_to_80_chars() -> None:
     snippet = err.message.split(" in '", 1)[1][:-1]
     assert len(snippet) == 80 and snippet.endswith("...") and line.startswith(snippet[:-3])
     assert isinstance(err, ValueError)
+
+
+def set_gc(enabled: bool) -> None:
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_gc_state_restored_after_parse_and_error(enabled: bool) -> None:
+    was = gc.isenabled()
+    try:
+        set_gc(enabled)
+        parse_exposition("m 1\n")
+        assert gc.isenabled() is enabled
+        with pytest.raises(ExpositionError):
+            parse_exposition("m\n")
+        assert gc.isenabled() is enabled
+    finally:
+        set_gc(was)

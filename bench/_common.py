@@ -1,0 +1,104 @@
+"""Shared plumbing for bench/ scripts: a scratch database, a real daphne server, timing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+def scratch_database_url(name: str) -> str:
+    """DATABASE_URL pointing at a bench-only database on the same server (never the dev data)."""
+    base = os.environ["DATABASE_URL"]
+    parts = urlsplit(base)
+    return urlunsplit(parts._replace(path=f"/{parts.path.lstrip('/')}_bench_{name}"))
+
+
+def setup_django(database_url: str) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    import django
+
+    django.setup()
+
+
+def recreate_database(database_url: str) -> None:
+    """Drop and create the scratch database, then migrate it (progress printed)."""
+    import psycopg
+
+    parts = urlsplit(database_url)
+    dbname = parts.path.lstrip("/")
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    say(f"migrating scratch database {dbname}")
+    env = {**os.environ, "DATABASE_URL": database_url}
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=env, check=True)
+
+
+def drop_database(database_url: str) -> None:
+    import psycopg
+
+    parts = urlsplit(database_url)
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{parts.path.lstrip("/")}" WITH (FORCE)')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def daphne_server(database_url: str, extra_env: dict | None = None):
+    """Run the real ASGI server on a free loopback port; yields its base URL."""
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "WARNING", **(extra_env or {})}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "dashboard.asgi:application"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(proc.stderr.read().decode()[-2000:])
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def p95(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
+
+
+def result(name: str, figure: str, value: float, target: float, passed: bool, **extra) -> None:
+    tail = "".join(f" {k}={v}" for k, v in extra.items())
+    print(f"RESULT {name} {figure}={value:.2f} target={target}{tail} {'PASS' if passed else 'FAIL'}", flush=True)

@@ -1,0 +1,131 @@
+"""bench/ingest: one interval of samples for 16,384 GPUs through the HTTP API, end to end
+(request sent → rows committed and acknowledged), against a raw binary COPY of the same rows
+into the same hypertable in the same run. Target: ours ≥ 0.8× the raw COPY's throughput.
+
+The interval is pushed as the fleet would push it: one request per group of racks (1,024 GPUs,
+~25 fields each), several in flight at once, to one daphne process. Each timed round uses fresh
+timestamps so nothing conflicts; GPUs are registered in an untimed warm-up round first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+from _common import (
+    daphne_server, drop_database, median, recreate_database, result, say, scratch_database_url, setup_django,
+)
+
+FIELDS = ("gpu_util", "mem_copy_util", "sm_clock", "mem_clock", "fb_used", "fb_free", "gpu_temp", "memory_temp",
+          "power_w", "power_limit_w", "energy_mj", "ecc_sbe_vol", "ecc_dbe_vol", "ecc_sbe_agg", "ecc_dbe_agg", "xid",
+          "nvlink_crc_flit_errors", "nvlink_replay_errors", "nvlink_bandwidth", "pcie_replay", "pcie_tx_bps",
+          "pcie_rx_bps", "throttle_reasons", "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active",
+          "dram_active", "remapped_rows_correctable", "row_remap_failure")
+
+
+def make_interval(n_gpus: int, t: datetime, rnd: random.Random) -> list[dict]:
+    from telemetry.fields import KINDS
+
+    spec = KINDS["gpu"].by_name
+    gpus = []
+    for i in range(n_gpus):
+        vals = {f: (rnd.randint(0, 10**9) if spec[f].is_int else round(rnd.uniform(0, 100), 3)) for f in FIELDS}
+        gpus.append({"host": f"node-{i // 8:05d}", "uuid": f"GPU-bench-{i:06d}", "index": i % 8,
+                     "model": "NVIDIA H100 80GB HBM3", "time": t.isoformat(), "fields": vals})
+    return gpus
+
+
+def post_all(base: str, token: str, bodies: list[bytes], concurrency: int) -> float:
+    host, port = base.split("//")[1].split(":")
+
+    def send(body: bytes) -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        conn.request("POST", "/api/v1/ingest", body=body,
+                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"ingest answered {resp.status}: {data[:300]!r}")
+        conn.close()
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(send, bodies))
+    return time.perf_counter() - t0
+
+
+def bodies_for(gpus: list[dict], per_request: int) -> list[bytes]:
+    return [json.dumps({"gpus": gpus[i:i + per_request]}).encode() for i in range(0, len(gpus), per_request)]
+
+
+def copy_baseline(database_url: str, gpus: list[dict]) -> float:
+    """Raw binary COPY of exactly the rows the API would write (ids resolved beforehand)."""
+    import psycopg
+
+    from telemetry.fields import KINDS
+
+    kind = KINDS["gpu"]
+    names = [f.name for f in kind.fields]
+    with psycopg.connect(database_url) as conn:
+        ids = dict(conn.execute("SELECT uuid, id FROM telemetry_gpu").fetchall())
+        rows = [(ids[g["uuid"]], datetime.fromisoformat(g["time"]), *map(g["fields"].get, names)) for g in gpus]
+        types = ["int4", "timestamptz"] + [{"bigint": "int8", "real": "float4"}.get(f.sql_type, "float8") for f in kind.fields]
+        t0 = time.perf_counter()
+        with conn.cursor() as cur, cur.copy(
+            f"COPY {kind.table} (gpu_id, time, {', '.join(names)}) FROM STDIN (FORMAT BINARY)"
+        ) as cp:
+            cp.set_types(types)
+            for row in rows:
+                cp.write_row(row)
+        conn.commit()
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=16384)
+    ap.add_argument("--per-request", type=int, default=1024)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    url = scratch_database_url("ingest")
+    recreate_database(url)
+    setup_django(url)
+    from telemetry.actions import do_create_collector_token
+
+    token = do_create_collector_token("bench", replace=True)
+    rnd = random.Random(7)
+    base_t = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=2)
+    ours, copies = [], []
+    try:
+        with daphne_server(url) as base:
+            say(f"warm-up: registering {args.gpus} GPUs through the API")
+            post_all(base, token, bodies_for(make_interval(args.gpus, base_t, rnd), args.per_request), args.concurrency)
+            for r in range(args.rounds):
+                t_api = base_t + timedelta(seconds=10 * (2 * r + 1))
+                gpus = make_interval(args.gpus, t_api, rnd)
+                bodies = bodies_for(gpus, args.per_request)
+                ours.append(post_all(base, token, bodies, args.concurrency))
+                same_rows = [{**g, "time": (t_api + timedelta(seconds=10)).isoformat()} for g in gpus]
+                copies.append(copy_baseline(url, same_rows))
+                say(f"round {r + 1}/{args.rounds}: API {ours[-1] * 1000:.0f} ms "
+                    f"({len(bodies)} requests, {sum(map(len, bodies)) / 1e6:.1f} MB)  raw COPY {copies[-1] * 1000:.0f} ms")
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        drop_database(url)
+    api_ms, copy_ms = median(ours) * 1000, median(copies) * 1000
+    ratio = copy_ms / api_ms
+    say(f"median: API {api_ms:.0f} ms = {args.gpus / (api_ms / 1000):,.0f} GPU rows/s; "
+        f"raw COPY {copy_ms:.0f} ms = {args.gpus / (copy_ms / 1000):,.0f} rows/s")
+    result("ingest", "ratio", ratio, 0.8, ratio >= 0.8, api_ms=f"{api_ms:.0f}", copy_ms=f"{copy_ms:.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Admin for inventory, collector tokens and scrape targets."""
+
+from django.contrib import admin
+
+from telemetry import models
+
+
+@admin.register(models.Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("hostname", "rack", "u_position", "state", "nvlink_domain")
+    list_filter = ("state", "rack__row__hall")
+    search_fields = ("hostname",)
+
+
+@admin.register(models.Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ("uuid", "node", "index", "model", "serial", "mig_mode")
+    search_fields = ("uuid", "serial", "node__hostname")
+    list_filter = ("model", "mig_mode")
+
+
+@admin.register(models.CollectorToken)
+class CollectorTokenAdmin(admin.ModelAdmin):
+    list_display = ("name", "prefix", "created", "last_used", "revoked_at")
+    readonly_fields = ("prefix", "token_hash", "created", "last_used")
+
+
+@admin.register(models.ScrapeTarget)
+class ScrapeTargetAdmin(admin.ModelAdmin):
+    list_display = ("url", "enabled", "hostname", "last_scrape", "last_samples", "last_error")
+
+
+for model in (models.Site, models.Hall, models.Row, models.Rack, models.NvlinkDomain, models.MigInstance,
+              models.Switch, models.Port, models.Link, models.PowerDevice):
+    admin.site.register(model)

@@ -1,0 +1,200 @@
+"""HTTP pusher for the ingest API: gzip bodies, keep-alive connections, retries with backoff.
+
+Each worker thread keeps its own `http.client` connection, so a tick's per-rack requests
+reuse warm sockets instead of paying a TCP handshake each. Encoding and compression happen in
+the worker threads too (zlib releases the GIL while it compresses).
+
+Retries: connection errors, 5xx and 429 are retried with exponential backoff and full jitter,
+honouring Retry-After; other 4xx answers are final. 401/403 raise `AuthError`, because no
+amount of retrying fixes a bad token.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
+
+import orjson
+
+INGEST_PATH = "/api/v1/ingest"
+RETRYABLE = {429, 500, 502, 503, 504}
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 15.0
+RETRY_AFTER_MAX_S = 60.0
+
+
+class AuthError(RuntimeError):
+    """The server refused the token."""
+
+
+@dataclass(slots=True)
+class Result:
+    """The outcome of one request, after its retries."""
+
+    ok: bool
+    status: int = 0  # 0: no HTTP answer at all
+    accepted: int = 0
+    rejected: int = 0
+    attempts: int = 0
+    error: str = ""
+    body_bytes: int = 0
+
+
+@dataclass(slots=True)
+class Summary:
+    """A tick's requests added up."""
+
+    requests: int = 0
+    failed: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    retries: int = 0
+    body_bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, r: Result) -> None:
+        self.requests += 1
+        self.failed += not r.ok
+        self.accepted += r.accepted
+        self.rejected += r.rejected
+        self.retries += max(0, r.attempts - 1)
+        self.body_bytes += r.body_bytes
+        if r.error and r.error not in self.errors:
+            self.errors.append(r.error)
+
+    def merge(self, other: Summary) -> None:
+        for name in ("requests", "failed", "accepted", "rejected", "retries", "body_bytes"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.errors.extend(e for e in other.errors if e not in self.errors)
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Retry-After as seconds: delta-seconds or an HTTP date; None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+class IngestClient:
+    """Posts JSON batches to ``{server}/api/v1/ingest`` from a small thread pool."""
+
+    def __init__(self, server: str, token: str, *, concurrency: int = 4, timeout: float = 60.0,
+                 max_attempts: int = 6, sleep=time.sleep):
+        parts = urlsplit(server)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--server must be an http:// or https:// URL, got {server!r}")
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
+        self.path = parts.path.rstrip("/") + INGEST_PATH
+        self.token, self.timeout, self.max_attempts = token, timeout, max_attempts
+        self.sleep = sleep
+        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ingest")
+        self._local = threading.local()
+        self._jitter = random.Random()  # jitter must differ between simulators, so unseeded
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+            conn = self._local.conn = cls(self.host, self.port, timeout=self.timeout)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def send_many(self, bodies: list[dict]) -> Summary:
+        """Post every body (in parallel, up to the concurrency) and add up the results."""
+        summary = Summary()
+        for result in self.pool.map(self.send, bodies):
+            summary.add(result)
+        return summary
+
+    def send(self, body: dict) -> Result:
+        """Encode and post one body, retrying what is worth retrying."""
+        data = gzip.compress(orjson.dumps(body), compresslevel=1)
+        result = Result(ok=False, body_bytes=len(data))
+        for attempt in range(1, self.max_attempts + 1):
+            result.attempts = attempt
+            wait = self._attempt(data, result)
+            if wait is None:
+                return result
+            if attempt < self.max_attempts:
+                self.sleep(wait)
+        return result
+
+    def _attempt(self, data: bytes, result: Result) -> float | None:
+        """One POST; fills `result`; returns seconds to wait before a retry, or None if done."""
+        try:
+            status, headers, payload = self._post(data)
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop_connection()
+            result.status, result.error = 0, f"{type(exc).__name__}: {exc}"
+            return self._backoff(result.attempts, None)
+        result.status = status
+        doc = _json(payload)
+        if status == 200:
+            result.ok, result.error = True, ""
+            result.accepted, result.rejected = int(doc.get("accepted", 0)), int(doc.get("rejected", 0))
+            return None
+        err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+        result.error = f"HTTP {status} {err.get('code', '')}: {err.get('message', payload[:200])}".strip()
+        if status in (401, 403):
+            raise AuthError(result.error)
+        if status in RETRYABLE:
+            return self._backoff(result.attempts, retry_after_seconds(headers.get("Retry-After")))
+        return None
+
+    def _post(self, data: bytes) -> tuple[int, http.client.HTTPMessage, bytes]:
+        conn = self._connection()
+        conn.request("POST", self.path, body=data, headers={
+            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
+            "Content-Encoding": "gzip", "Connection": "keep-alive",
+        })
+        resp = conn.getresponse()
+        payload = resp.read()
+        if resp.will_close:
+            self._drop_connection()
+        return resp.status, resp.headers, payload
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, RETRY_AFTER_MAX_S) + self._jitter.uniform(0, 0.25)
+        return self._jitter.uniform(0, min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1)))
+
+    def probe(self) -> str | None:
+        """None when the server answers HTTP at all (any status), else why it does not."""
+        try:
+            conn = self._connection()
+            conn.request("GET", self.path, headers={"Authorization": f"Bearer {self.token}"})
+            conn.getresponse().read()
+            return None
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop_connection()
+            return f"{type(exc).__name__}: {exc}"
+
+
+def _json(payload: bytes) -> dict:
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return {}
+    return doc if isinstance(doc, dict) else {}

@@ -1,0 +1,127 @@
+"""The wall-clock loop behind ``manage.py simulate``.
+
+1. Wait until the server answers HTTP (it may still be starting), saying so every attempt.
+2. Optionally backfill: step and send the last N minutes at the interval, with a progress bar,
+   so charts have history at once.
+3. Tick on wall-clock multiples of the interval (the first tick at the latest boundary, so a
+   run starts at once); a tick steps the cluster and sends one request per rack. A tick that
+   overruns the interval is not made up: the loop skips to the present and says so.
+Each tick prints one line: time, GPUs, requests, accepted, rejected, build and send time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from tqdm import tqdm
+
+from telemetry.simulator.client import IngestClient, Summary
+from telemetry.simulator.dynamics import Cluster, Tick
+
+MAX_EVENT_LINES = 5
+
+
+class ServerUnavailable(RuntimeError):
+    """The server did not answer within the wait limit."""
+
+
+class Runner:
+    """Steps a `Cluster` on the clock and pushes each tick through an `IngestClient`."""
+
+    def __init__(self, cluster: Cluster, client: IngestClient, *, interval: float,
+                 write: Callable[[str], None], server: str = "",
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+        self.cluster, self.client, self.interval = cluster, client, interval
+        self.write, self.server, self.clock, self.sleep = write, server, clock, sleep
+        self.last_sent: float | None = None
+
+    def aligned(self, t: float) -> float:
+        """The latest interval boundary at or before `t`."""
+        return math.floor(t / self.interval) * self.interval
+
+    def wait_for_server(self, timeout: float = 0.0) -> None:
+        """Return once the server answers; raise ServerUnavailable after `timeout` s (0: never)."""
+        started, delay = self.clock(), 1.0
+        while (why := self.client.probe()) is not None:
+            if timeout and self.clock() - started >= timeout:
+                raise ServerUnavailable(f"{self.server} did not answer within {timeout:.0f} s ({why})")
+            self.write(f"waiting for the server at {self.server} ({why}); retrying in {delay:.0f} s")
+            self.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    def backfill(self, minutes: float) -> Summary:
+        """Send the ticks of the last `minutes` minutes, oldest first."""
+        end = self.aligned(self.clock())
+        count = int(minutes * 60 // self.interval)
+        total = Summary()
+        bar = tqdm(total=count, desc="backfill", unit="tick", disable=count == 0)
+        for k in range(count):
+            summary, _ = self._send(end - (count - k) * self.interval)
+            total.merge(summary)
+            bar.set_postfix(accepted=total.accepted, rejected=total.rejected, failed=total.failed)
+            bar.update()
+        bar.close()
+        self.write(f"backfill: {count} ticks, {total.requests} requests, {total.accepted} accepted, "
+                   f"{total.rejected} rejected, {total.failed} failed"
+                   + (f" (first error: {total.errors[0]})" if total.errors else ""))
+        return total
+
+    def run(self, ticks: int | None = None) -> None:
+        """Tick on the clock `ticks` times (forever when None)."""
+        t = self.aligned(self.clock())
+        if self.last_sent is not None and t <= self.last_sent:
+            t = self.last_sent + self.interval
+        done = 0
+        while ticks is None or done < ticks:
+            delay = t - self.clock()
+            if delay > 0:
+                self.sleep(delay)
+            self.tick(t)
+            done += 1
+            t += self.interval
+            behind = int((self.clock() - t) // self.interval)
+            if behind >= 1 and (ticks is None or done < ticks):
+                self.write(f"a tick took longer than the {self.interval:g} s interval; "
+                           f"skipping {behind} tick(s) to catch up")
+                t += behind * self.interval
+
+    def tick(self, t: float) -> Summary:
+        """Step, send and print one tick at epoch time `t`."""
+        summary, tick = self._send(t)
+        self.write(progress_line(tick, summary))
+        for line in tick.events[:MAX_EVENT_LINES]:
+            self.write(f"  event: {line}")
+        if len(tick.events) > MAX_EVENT_LINES:
+            self.write(f"  … and {len(tick.events) - MAX_EVENT_LINES} more events")
+        for err in summary.errors[:3]:
+            self.write(f"  error: {err}")
+        return summary
+
+    def _send(self, t: float) -> tuple[Summary, Tick]:
+        tick = self.cluster.step(datetime.fromtimestamp(t, UTC))
+        started = time.perf_counter()
+        summary = self.client.send_many([tick.body(b) for b in tick.batches if _has_records(b)])
+        tick.stats["send_ms"] = (time.perf_counter() - started) * 1000
+        self.last_sent = t
+        return summary, tick
+
+
+def progress_line(tick: Tick, s: Summary) -> str:
+    st = tick.stats
+    line = (f"{tick.iso} gpus={st['gpus']} busy={st['busy_gpus']} jobs={st['jobs']} "
+            f"it={st['it_kw']:.0f}kW requests={s.requests} accepted={s.accepted} "
+            f"rejected={s.rejected} build={st['build_ms']:.0f}ms send={st.get('send_ms', 0):.0f}ms "
+            f"sent={s.body_bytes / 1e6:.1f}MB")
+    if s.failed or s.retries:
+        line += f" failed={s.failed} retries={s.retries}"
+    if st.get("down_nodes"):
+        line += f" down_nodes={st['down_nodes']}"
+    return line
+
+
+def _has_records(batch: dict) -> bool:
+    return bool(batch["gpus"] or batch["ports"] or batch["power"])
+
