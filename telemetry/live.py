@@ -42,7 +42,6 @@ THROTTLE_MS = 1000
 _TRAILING_MARGIN_S = 0.02
 
 
-
 def _client(url: str) -> redis.Redis:
     """A Redis client that fails within about a second instead of stalling ingest.
 

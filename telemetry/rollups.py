@@ -119,11 +119,15 @@ def _registry() -> tuple[Rollup, ...]:
         for kind in KINDS.values():
             keys = (kind.entity_column,)
             out.append(_make(f"{kind.name}_{res}", res, kind.table, keys, kind.fields))
-        out.append(_make(f"narrow_{res}", res, "telemetry_narrow_sample", NARROW_KEYS, (NARROW_VALUE,)))
+        narrow = "telemetry_narrow_sample"
+        out.append(_make(f"narrow_{res}", res, narrow, NARROW_KEYS, (NARROW_VALUE,)))
     return tuple(out)
 
 
-def _make(name: str, res: str, raw: str, keys: tuple[str, ...], fields: tuple[Field, ...]) -> Rollup:
+def _make(
+    name: str, res: str, raw: str, keys: tuple[str, ...], fields: tuple[Field, ...]
+) -> Rollup:
+    """A 1m rollup reads the raw table; a 1h rollup reads the 1m table of the same prefix."""
     if res == "1m":
         return Rollup(name, res, raw, f"{raw}_1m", keys, fields)
     prefix = name.rsplit("_", 1)[0]
@@ -217,9 +221,17 @@ def floor_bucket(t: datetime, interval: timedelta) -> datetime:
     return datetime.fromtimestamp(int(t.timestamp()) // step * step, tz=UTC)
 
 
+def _aware(now: datetime | None) -> datetime:
+    if now is None:
+        return timezone.now()
+    if now.tzinfo is None:
+        raise ValueError(f"now={now.isoformat()} is naive; pass a timezone-aware UTC datetime")
+    return now
+
+
 def run_rollups(now: datetime | None = None) -> list[RollupRun]:
     """Bring every rollup up to date; safe to call again or from two processes at once."""
-    now = now or timezone.now()
+    now = _aware(now)
     deadline = monotonic() + RUN_BUDGET_SECONDS
     runs = [_run_one(r, now, deadline) for r in ROLLUPS]
     for run in runs:
@@ -284,7 +296,8 @@ def _watermark(r: Rollup, now: datetime) -> RollupWatermark:
     with connection.cursor() as cur:
         cur.execute(f"SELECT min({r.time_column}) FROM {r.source}")
         earliest = cur.fetchone()[0] or now
-    return RollupWatermark.objects.create(name=r.name, done_until=floor_bucket(earliest, r.interval))
+    start = floor_bucket(earliest, r.interval)
+    return RollupWatermark.objects.create(name=r.name, done_until=start)
 
 
 def _final_edge(r: Rollup, now: datetime, mark: RollupWatermark) -> datetime:
@@ -331,7 +344,7 @@ def apply_retention(now: datetime | None = None) -> dict[str, int]:
     drop_chunks removes whole chunks, so rows survive up to one chunk interval past their
     retention. Each table is its own transaction: one failure does not undo the others.
     """
-    now = now or timezone.now()
+    now = _aware(now)
     dropped: dict[str, int] = {}
     for table, res in RETENTION_TABLES:
         cutoff = _retention_cutoff(table, now - settings.RETENTION[res])
@@ -339,7 +352,8 @@ def apply_retention(now: datetime | None = None) -> dict[str, int]:
             cur.execute("SELECT drop_chunks(%s::regclass, older_than => %s)", [table, cutoff])
             dropped[table] = len(cur.fetchall())
         if dropped[table]:
-            logger.info("retention %s: dropped %d chunks older than %s", table, dropped[table], cutoff)
+            logger.info("retention %s: dropped %d chunks older than %s",
+                        table, dropped[table], cutoff)
     return dropped
 
 
@@ -353,8 +367,10 @@ def _retention_cutoff(table: str, cutoff: datetime) -> datetime:
         if r.source != table:
             continue
         mark = RollupWatermark.objects.filter(name=r.name).first()
-        needed = mark.done_until - (COUNTER_LOOKBACK if r.has_counters else timedelta(0)) if mark else None
-        if needed is not None and needed < cutoff:
+        if mark is None:
+            continue
+        needed = mark.done_until - (COUNTER_LOOKBACK if r.has_counters else timedelta(0))
+        if needed < cutoff:
             logger.warning("retention %s held back to %s: rollup %s has not read past it",
                            table, needed, r.name)
             cutoff = needed

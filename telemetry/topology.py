@@ -34,10 +34,26 @@ from django.db.models import Q
 
 from telemetry.ingest.entities import clear_cache
 from telemetry.models import (
-    Gpu, Hall, Link, MigInstance, Node, NvlinkDomain, Port, PowerDevice, Rack, Row, Site, Switch,
+    Gpu,
+    Hall,
+    Link,
+    MigInstance,
+    Node,
+    NvlinkDomain,
+    Port,
+    PowerDevice,
+    Rack,
+    Row,
+    Site,
+    Switch,
 )
 from telemetry.topology_schema import (
-    Plan, Rec, TopologyError, TopologyIssue, build_plan, validate_topology,
+    Plan,
+    Rec,
+    TopologyError,
+    TopologyIssue,
+    build_plan,
+    validate_topology,
 )
 
 __all__ = [
@@ -121,7 +137,7 @@ def _syntax_error(kind: str, line: int | None, column: int | None, problem: str)
 
 def _parse_yaml(data: bytes) -> Any:
     try:
-        return yaml.load(data, Loader=_StrictYamlLoader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(data, Loader=_StrictYamlLoader)  # a SafeLoader: builds no objects
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = " ".join(p for p in (exc.problem, f"({exc.context})" if exc.context else "") if p)
@@ -148,7 +164,7 @@ def load_topology_file(path: str | Path) -> dict:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise TopologyError([TopologyIssue("", f"cannot read {path}: {exc.strerror}")]) from exc
+        raise TopologyError([TopologyIssue("", f"cannot read the file: {exc.strerror}")]) from exc
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
         doc = _parse_yaml(data)
@@ -189,7 +205,9 @@ def do_import_topology(doc: Any, *, replace: bool = False) -> ImportResult:
     if replace:
         # Ingest caches ids per process; deleted ports, MIG instances or devices must not linger.
         transaction.on_commit(clear_cache)
-    logger.info("topology import: %s", {k: vars(c) for k, c in result.counts.items()})
+    changes = [f"{kind} +{c.created} ~{c.updated} -{c.removed}"
+               for kind, c in result.counts.items() if c.created or c.updated or c.removed]
+    logger.info("topology import: %s", ", ".join(changes) or "no changes")
     return result
 
 
@@ -265,7 +283,8 @@ def _write_places(plan: Plan, result: ImportResult, ids: dict[str, dict]) -> Non
     hall_rows = [{**r.values, "site_id": sites[r.parent]} for r in plan.halls]
     halls = _upsert(Hall, ("site_id", "name"), hall_rows, result["halls"],
                     ("site_id", list(sites.values())))
-    row_rows = [{**r.values, "hall_id": halls[(sites[r.parent[0]], r.parent[1])]} for r in plan.rows]
+    row_rows = [{**r.values, "hall_id": halls[(sites[r.parent[0]], r.parent[1])]}
+                for r in plan.rows]
     rows = _upsert(Row, ("hall_id", "name"), row_rows, result["rows"],
                    ("hall_id", list(halls.values())))
 
@@ -416,11 +435,15 @@ def _prune(ids: dict[str, dict], result: ImportResult) -> None:
     result["switches"].removed += _delete(Switch.objects.exclude(pk__in=keep("switches")))
     devices = PowerDevice.objects.exclude(pk__in=keep("power"))
     devices.update(upstream=None)  # PROTECT would refuse a device whose downstream goes too
-    result["power_devices"].removed += _delete(devices)
+    deleted = devices.delete()[1]
+    result["power_devices"].removed += deleted.get(PowerDevice._meta.label, 0)
+    feeds = (PowerDevice.racks.through, PowerDevice.nodes.through)
+    result["power_feeds"].removed += sum(deleted.get(m._meta.label, 0) for m in feeds)
     unplaced = Node.objects.exclude(pk__in=keep("nodes")).filter(
         Q(rack__isnull=False) | Q(nvlink_domain__isnull=False)
     ).update(rack=None, u_position=None, nvlink_domain=None)
     result["nodes"].removed += unplaced
-    result["nvlink_domains"].removed += _delete(NvlinkDomain.objects.exclude(pk__in=keep("domains")))
+    domains = NvlinkDomain.objects.exclude(pk__in=keep("domains"))
+    result["nvlink_domains"].removed += _delete(domains)
     for kind, model in (("racks", Rack), ("rows", Row), ("halls", Hall), ("sites", Site)):
         result[kind].removed += _delete(model.objects.exclude(pk__in=keep(kind)))

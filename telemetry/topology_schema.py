@@ -24,9 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from telemetry.models import (
-    Gpu, Hall, MigInstance, Node, NvlinkDomain, Port, PowerDevice, Rack, Row, Site, Switch,
-)
+from telemetry import models as inv
 
 FORMAT_VERSION = 1
 SMALLINT_MAX = 32767  # PositiveSmallIntegerField
@@ -89,9 +87,6 @@ class Plan:
     links: list[Rec] = field(default_factory=list)
     power: list[Rec] = field(default_factory=list)
 
-    def counts(self) -> dict[str, int]:
-        return {name: len(records) for name, records in vars(self).items()}
-
 
 # --- value checks: each returns a message naming the bad value, or None -------------------
 def _shown(value: Any) -> str:
@@ -103,7 +98,7 @@ def _shown(value: Any) -> str:
 
 
 def _text(max_length: int, *, blank: bool = True, pattern: re.Pattern | None = None,
-          hint: str = "", prefix: str = "") -> Check:
+          hint: str = "") -> Check:
     def check(value: Any) -> str | None:
         if not isinstance(value, str):
             # YAML turns unquoted 0x1f, 0012 or yes into numbers and booleans.
@@ -111,11 +106,11 @@ def _text(max_length: int, *, blank: bool = True, pattern: re.Pattern | None = N
             return f"expected a string, got {_shown(value)}{quote}"
         if not value and not blank:
             return "must not be empty"
+        if "\x00" in value:  # PostgreSQL text cannot hold NUL
+            return f"{value[:40]!r} contains a NUL character"
         if len(value) > max_length:
             return f"{value[:40]!r}... is {len(value)} characters long; the limit is {max_length}"
         if pattern is not None and not pattern.fullmatch(value):
-            return f"{value!r} {hint}"
-        if prefix and (not value.startswith(prefix) or len(value) == len(prefix)):
             return f"{value!r} {hint}"
         return None
     return check
@@ -173,78 +168,81 @@ class F:
     ref: bool = False  # a name to resolve or a generator setting: kept in Rec.refs
 
 
+def _name(model: type, **kwargs: Any) -> F:
+    """A required, non-empty name no longer than the model's `name` column."""
+    return F(_model_text(model, kwargs.pop("field", "name"), blank=False, **kwargs), required=True)
+
+
 _SLUG = re.compile(r"[-a-zA-Z0-9_]+")
 # ":" separates owner and port in a link endpoint, so owner names may not contain one.
 _OWNER = re.compile(r"[^\s:]+")
 _OWNER_HINT = "must have no spaces and no ':' (':' separates owner and port in links)"
+_GPU_UUID = re.compile(r"GPU-\S+")
 _UUID_HINT = "is not a GPU UUID (expected 'GPU-' followed by the UUID, as nvidia-smi prints it)"
 
 TOP = {"version": F(_version, required=True)}
 SITE = {
-    "name": F(_model_text(Site, "name", blank=False, pattern=_SLUG,
-                          hint="is not a slug (letters, digits, '-' and '_')"), required=True),
-    "description": F(_model_text(Site, "description"), default=""),
+    "name": _name(inv.Site, pattern=_SLUG, hint="is not a slug (letters, digits, '-' and '_')"),
+    "description": F(_model_text(inv.Site, "description"), default=""),
 }
-HALL = {"name": F(_model_text(Hall, "name", blank=False), required=True)}
-ROW = {"name": F(_model_text(Row, "name", blank=False), required=True)}
+HALL = {"name": _name(inv.Hall)}
+ROW = {"name": _name(inv.Row)}
 RACK = {
-    "name": F(_model_text(Rack, "name", blank=False), required=True),
+    "name": _name(inv.Rack),
     "position": F(_integer(0, SMALLINT_MAX), default=0),
     "u_height": F(_integer(1, SMALLINT_MAX), default=48),
     "power_cap_w": F(_positive_number),
 }
 NODE = {
-    "hostname": F(_model_text(Node, "hostname", blank=False, pattern=_OWNER, hint=_OWNER_HINT),
-                  required=True),
+    "hostname": _name(inv.Node, field="hostname", pattern=_OWNER, hint=_OWNER_HINT),
     "u": F(_integer(1, SMALLINT_MAX), dest="u_position"),
     "u_height": F(_integer(1, SMALLINT_MAX), default=4),
-    "system_model": F(_model_text(Node, "system_model"), default=KEEP),
-    "nvlink_domain": F(_model_text(NvlinkDomain, "name", blank=False), ref=True),
+    "system_model": F(_model_text(inv.Node, "system_model"), default=KEEP),
+    "nvlink_domain": F(_model_text(inv.NvlinkDomain, "name", blank=False), ref=True),
 }
 GPU = {
     "index": F(_integer(0, SMALLINT_MAX), required=True),
-    "uuid": F(_model_text(Gpu, "uuid", prefix="GPU-", hint=_UUID_HINT), required=True),
-    "model": F(_model_text(Gpu, "model"), default=KEEP),
-    "serial": F(_model_text(Gpu, "serial"), default=KEEP),
-    "pci_bus_id": F(_model_text(Gpu, "pci_bus_id"), default=KEEP),
+    "uuid": F(_model_text(inv.Gpu, "uuid", pattern=_GPU_UUID, hint=_UUID_HINT), required=True),
+    "model": F(_model_text(inv.Gpu, "model"), default=KEEP),
+    "serial": F(_model_text(inv.Gpu, "serial"), default=KEEP),
+    "pci_bus_id": F(_model_text(inv.Gpu, "pci_bus_id"), default=KEEP),
     "mig_mode": F(_boolean, default=KEEP),
 }
 MIG = {
     "gi_id": F(_integer(0, SMALLINT_MAX), required=True),
     "ci_id": F(_integer(0, SMALLINT_MAX), default=0),
-    "profile": F(_model_text(MigInstance, "profile"), default=""),
+    "profile": F(_model_text(inv.MigInstance, "profile"), default=""),
 }
 PORT = {
-    "name": F(_model_text(Port, "name", blank=False), required=True),
-    "guid": F(_model_text(Port, "guid"), default=KEEP),
+    "name": _name(inv.Port),
+    "guid": F(_model_text(inv.Port, "guid"), default=KEEP),
     "lid": F(_integer(0, INT_MAX), default=KEEP),
-    "link_layer": F(_choice(Port.LinkLayer.values)),
+    "link_layer": F(_choice(inv.Port.LinkLayer.values)),
     "speed_gbps": F(_positive_number),
     "rail": F(_integer(0, SMALLINT_MAX)),
 }
 SWITCH = {
-    "name": F(_model_text(Switch, "name", blank=False, pattern=_OWNER, hint=_OWNER_HINT),
-              required=True),
-    "role": F(_choice(Switch.Role.values), required=True),
-    "model": F(_model_text(Switch, "model"), default=KEEP),
-    "guid": F(_model_text(Switch, "guid"), default=KEEP),
+    "name": _name(inv.Switch, pattern=_OWNER, hint=_OWNER_HINT),
+    "role": F(_choice(inv.Switch.Role.values), required=True),
+    "model": F(_model_text(inv.Switch, "model"), default=KEEP),
+    "guid": F(_model_text(inv.Switch, "guid"), default=KEEP),
     "port_count": F(_integer(1, MAX_PORT_COUNT), ref=True),
-    "port_prefix": F(_text(Port._meta.get_field("name").max_length - 4, blank=False),
+    "port_prefix": F(_text(inv.Port._meta.get_field("name").max_length - 4, blank=False),
                      default="p", ref=True),
     "port_speed_gbps": F(_positive_number, ref=True),
-    "port_link_layer": F(_choice(Port.LinkLayer.values), default="infiniband", ref=True),
+    "port_link_layer": F(_choice(inv.Port.LinkLayer.values), default="infiniband", ref=True),
 }
 RACK_SWITCH = {**SWITCH, "u": F(_integer(1, SMALLINT_MAX), dest="u_position")}
 DOMAIN = {
-    "name": F(_model_text(NvlinkDomain, "name", blank=False), required=True),
-    "kind": F(_choice(NvlinkDomain.Kind.values), default=NvlinkDomain.Kind.NODE.value),
-    "rack": F(_model_text(Rack, "name", blank=False), ref=True),
+    "name": _name(inv.NvlinkDomain),
+    "kind": F(_choice(inv.NvlinkDomain.Kind.values), default=inv.NvlinkDomain.Kind.NODE.value),
+    "rack": F(_model_text(inv.Rack, "name", blank=False), ref=True),
 }
 POWER = {
-    "name": F(_model_text(PowerDevice, "name", blank=False), required=True),
-    "kind": F(_choice(PowerDevice.Kind.values), required=True),
+    "name": _name(inv.PowerDevice),
+    "kind": F(_choice(inv.PowerDevice.Kind.values), required=True),
     "capacity_w": F(_positive_number),
-    "upstream": F(_model_text(PowerDevice, "name", blank=False), ref=True),
+    "upstream": F(_model_text(inv.PowerDevice, "name", blank=False), ref=True),
 }
 
 
@@ -370,17 +368,13 @@ def _walk_node(plan: Plan, node: Rec, raw: dict, issues: list[TopologyIssue]) ->
         migs = [m for m, _ in _children(gpu_raw, "mig", MIG, (), gpu.path, gpu.values.get("uuid"),
                                         issues)]
         _unique(migs, "gi_id", "MIG instance (gi_id, ci_id) {} on this GPU", issues,
-                value=lambda m: _both(m.values.get("gi_id"), m.values.get("ci_id")))
+                value=lambda m: None if m.bad else (m.values["gi_id"], m.values["ci_id"]))
         plan.migs.extend(migs)
     hcas = [p for p, _ in _children(raw, "hcas", PORT, (), node.path, ("node", host), issues)]
     _unique(hcas, "name", "port name {} on this node", issues)
     for port in hcas:
         port.values["link_layer"] = port.values.get("link_layer") or "infiniband"
     plan.ports.extend(hcas)
-
-
-def _both(a: Any, b: Any) -> tuple | None:
-    return None if a is None or b is None else (a, b)
 
 
 def _walk_switch(plan: Plan, switch: Rec, raw: dict, issues: list[TopologyIssue]) -> None:
@@ -457,8 +451,9 @@ def _check_names(plan: Plan, issues: list[TopologyIssue]) -> None:
     for switch in plan.switches:
         name = switch.values.get("name")
         if name is not None and name in hosts:
-            issues.append(TopologyIssue(_join(switch.path, "name"), f"switch name {name!r} is also"
-                                        f" the hostname at {hosts[name]}; links would be ambiguous"))
+            message = f"switch name {name!r} is also the hostname at {hosts[name]}"
+            issues.append(TopologyIssue(_join(switch.path, "name"),
+                                        f"{message}; links would be ambiguous"))
 
 
 def _check_domains(plan: Plan, issues: list[TopologyIssue]) -> None:
@@ -467,7 +462,8 @@ def _check_domains(plan: Plan, issues: list[TopologyIssue]) -> None:
     for d in plan.domains:
         rack = d.refs.get("rack")
         if rack is not None and rack not in racks:
-            issues.append(TopologyIssue(_join(d.path, "rack"), f"no rack named {rack!r} in this file"))
+            issues.append(TopologyIssue(_join(d.path, "rack"),
+                                        f"no rack named {rack!r} in this file"))
         elif rack is None and d.values.get("kind") == "rack" and "rack" not in d.bad:
             issues.append(TopologyIssue(_join(d.path, "rack"),
                                         "a rack-scale domain (kind: rack) needs its rack"))
@@ -514,8 +510,9 @@ def _check_u_ranges(plan: Plan, issues: list[TopologyIssue]) -> None:
         highest = None  # the span reaching highest so far
         for low, top, label, where in items:
             if highest is not None and low <= highest[1]:
-                issues.append(TopologyIssue(where, f"{label} at {_span(low, top)} overlaps "
-                                            f"{highest[2]} at {_span(*highest[:2])} ({highest[3]})"))
+                here, there = _span(low, top), _span(*highest[:2])
+                message = f"{label} at {here} overlaps {highest[2]} at {there} ({highest[3]})"
+                issues.append(TopologyIssue(where, message))
             if highest is None or top > highest[1]:
                 highest = (low, top, label, where)
 
@@ -534,7 +531,8 @@ def _check_links(plan: Plan, issues: list[TopologyIssue]) -> None:
         for owner, port, where in link.refs["ends"]:
             kind, ports = owners.get(owner, (None, set()))
             if kind is None:
-                issues.append(TopologyIssue(where, f"no switch or node named {owner!r} in this file"))
+                issues.append(TopologyIssue(where,
+                                            f"no switch or node named {owner!r} in this file"))
             elif port not in ports:
                 issues.append(TopologyIssue(where, f"{kind} {owner!r} has no port {port!r}"))
             elif (owner, port) in used:
@@ -572,7 +570,8 @@ def _check_power_cycles(power: list[Rec], devices: dict[Any, Rec],
         if name is not None and name in chain:
             cycle = chain[chain.index(name):]
             where = _join(devices[cycle[0]].path, "upstream")
-            issues.append(TopologyIssue(where, "upstream cycle: " + " -> ".join([*cycle, cycle[0]])))
+            loop = " -> ".join([*cycle, cycle[0]])
+            issues.append(TopologyIssue(where, f"upstream cycle: {loop}"))
         done.update(chain)
 
 

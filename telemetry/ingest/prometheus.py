@@ -166,9 +166,11 @@ def _parse_lines(lines: list[str]) -> list[PromSample]:
     known_names: set[str] = set()
     # HELP/TYPE lines repeat verbatim when several hosts' scrapes are concatenated.
     known_comments: set[str] = set()
-    lineno = 0
-    for line in lines:
-        lineno += 1
+    # Consecutive lines often carry the same label set (a single-GPU node, or an exporter that
+    # groups by GPU); comparing with the previous raw string skips hashing ~200 characters.
+    last_raw: str | None = None
+    last_labels = no_labels
+    for lineno, line in enumerate(lines, 1):
         if not line or line[0] == "#":
             if line and line not in known_comments:
                 _check_comment(line, lineno)
@@ -181,9 +183,13 @@ def _parse_lines(lines: list[str]) -> list[PromSample]:
                 name, brace, raw = head.partition("{")
                 if not brace:
                     raise ValueError(line)
-                labels = cached_labels(raw)
-                if labels is None:
-                    labels = label_cache[raw] = _labels_quick(raw)
+                if raw == last_raw:
+                    labels = last_labels
+                else:
+                    labels = cached_labels(raw)
+                    if labels is None:
+                        labels = label_cache[raw] = _labels_quick(raw)
+                    last_raw, last_labels = raw, labels
             else:
                 name, _, token = line.partition(" ")
                 labels = no_labels

@@ -45,6 +45,7 @@ class Result:
     attempts: int = 0
     error: str = ""
     body_bytes: int = 0
+    rejection: str = ""  # the server's first reason for rejecting samples, if any
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ class Summary:
     retries: int = 0
     body_bytes: int = 0
     errors: list[str] = field(default_factory=list)
+    rejections: list[str] = field(default_factory=list)
 
     def add(self, r: Result) -> None:
         self.requests += 1
@@ -68,11 +70,14 @@ class Summary:
         self.body_bytes += r.body_bytes
         if r.error and r.error not in self.errors:
             self.errors.append(r.error)
+        if r.rejection and r.rejection not in self.rejections:
+            self.rejections.append(r.rejection)
 
     def merge(self, other: Summary) -> None:
         for name in ("requests", "failed", "accepted", "rejected", "retries", "body_bytes"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.errors.extend(e for e in other.errors if e not in self.errors)
+        self.rejections.extend(e for e in other.rejections if e not in self.rejections)
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -154,6 +159,9 @@ class IngestClient:
         if status == 200:
             result.ok, result.error = True, ""
             result.accepted, result.rejected = int(doc.get("accepted", 0)), int(doc.get("rejected", 0))
+            details = doc.get("rejections") or [{}]
+            if result.rejected and isinstance(details[0], dict):
+                result.rejection = str(details[0].get("reason", ""))
             return None
         err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
         result.error = f"HTTP {status} {err.get('code', '')}: {err.get('message', payload[:200])}".strip()

@@ -72,7 +72,7 @@ class Job:
         age = t - self.start
         if age < self.warmup:
             a = WARMUP_ACTIVITY
-        elif (age - self.warmup) % self.period < self.pause:
+        elif (age - self.warmup) % self.period >= self.period - self.pause:  # checkpoint at the end
             a = PAUSE_ACTIVITY
         else:
             a = 1.0

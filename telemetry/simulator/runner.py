@@ -37,6 +37,7 @@ class Runner:
         self.cluster, self.client, self.interval = cluster, client, interval
         self.write, self.server, self.clock, self.sleep = write, server, clock, sleep
         self.last_sent: float | None = None
+        self._reasons_shown: set[str] = set()
 
     def aligned(self, t: float) -> float:
         """The latest interval boundary at or before `t`."""
@@ -67,6 +68,7 @@ class Runner:
         self.write(f"backfill: {count} ticks, {total.requests} requests, {total.accepted} accepted, "
                    f"{total.rejected} rejected, {total.failed} failed"
                    + (f" (first error: {total.errors[0]})" if total.errors else ""))
+        self._show_rejections(total)
         return total
 
     def run(self, ticks: int | None = None) -> None:
@@ -98,7 +100,16 @@ class Runner:
             self.write(f"  … and {len(tick.events) - MAX_EVENT_LINES} more events")
         for err in summary.errors[:3]:
             self.write(f"  error: {err}")
+        self._show_rejections(summary)
         return summary
+
+    def _show_rejections(self, summary: Summary) -> None:
+        # Rejection reasons repeat every tick (an unknown switch stays unknown): say each once.
+        for reason in summary.rejections:
+            if reason not in self._reasons_shown and len(self._reasons_shown) < 20:
+                self._reasons_shown.add(reason)
+                self.write(f"  rejected: {reason}" + ("" if "unknown" not in reason else
+                           " (was the topology imported? run without --no-topology)"))
 
     def _send(self, t: float) -> tuple[Summary, Tick]:
         tick = self.cluster.step(datetime.fromtimestamp(t, UTC))

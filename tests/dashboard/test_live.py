@@ -103,25 +103,24 @@ def test_throttle_sends_at_most_one_update_per_second_and_the_last_change_trails
         assert (await communicator.connect())[0]
         await communicator.receive_json_from(timeout=5)  # the on-connect summary
         results = []
+        started = time.monotonic()
         for util in (10.0, 20.0, 30.0, 40.0, 50.0):  # five batches commit within the second
             await sync_to_async(write_latest)(gpu, **{**HEALTHY, "gpu_util": util})
             results.append(await sync_to_async(live.publish_fleet_summary)())
         first = await communicator.receive_json_from(timeout=5)
-        first_at = time.monotonic()
-        quiet = await communicator.receive_nothing(timeout=0.5)
         trailing = await communicator.receive_json_from(timeout=5)
-        gap = time.monotonic() - first_at
+        # Measured from before the first claim, so a slow machine can only make it longer.
+        second_after = time.monotonic() - started
         await sync_to_async(live.wait_for_trailing_publish)()
         nothing_more = await communicator.receive_nothing(timeout=1.2)
         await communicator.disconnect()
-        return results, first, quiet, trailing, gap, nothing_more
+        return results, first, trailing, second_after, nothing_more
 
-    results, first, quiet, trailing, gap, nothing_more = async_to_sync(scenario)()
+    results, first, trailing, second_after, nothing_more = async_to_sync(scenario)()
 
     assert results == [True, False, False, False, False]
     assert first["utilization"]["gpu_util_pct"] == 10.0
-    assert quiet, "a second summary went out within the throttle window"
-    assert gap >= 0.8
+    assert second_after >= live.THROTTLE_MS / 1000, "a second summary went out within the second"
     assert trailing["utilization"]["gpu_util_pct"] == 50.0, "the last change of the burst was lost"
     assert nothing_more
 

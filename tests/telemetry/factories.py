@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from django.db import connection
 
 from telemetry.fields import KINDS
+from telemetry.models import SAMPLE_MODELS
 
 
 def _columns(kind: str, names: Iterable[str]) -> list[str]:
@@ -26,18 +27,39 @@ def _columns(kind: str, names: Iterable[str]) -> list[str]:
 def insert_samples(kind: str, rows: Iterable[tuple[int, datetime, dict]]) -> int:
     """Insert (entity_id, time, {field: value}) rows into a raw wide table; returns the count."""
     spec = KINDS[kind]
-    n = 0
+    return _insert_many(spec.table, spec.entity_column, rows, lambda names: _columns(kind, names))
+
+
+def insert_rollup(kind: str, resolution: str, rows: Iterable[tuple[int, datetime, dict]]) -> int:
+    """Insert (entity_id, bucket, {column: value}) rows straight into a rollup table.
+
+    For read-side tests that need months of buckets without running the rollups over them;
+    `samples` defaults to 1.
+    """
+    spec = KINDS[kind]
+    allowed = {c.column for c in SAMPLE_MODELS[kind][resolution]._meta.local_fields}
+    rows = [(e, b, {"samples": 1, **values}) for e, b, values in rows]
+
+    def check(names):
+        unknown = [n for n in names if n not in allowed]
+        if unknown:
+            raise ValueError(f"{spec.rollup_table(resolution)} has no columns {unknown}")
+        return list(names)
+
+    return _insert_many(spec.rollup_table(resolution), spec.entity_column, rows, check, "bucket")
+
+
+def _insert_many(table, entity_column, rows, check, time_column="time") -> int:
+    # Group rows by their column set so each group is one executemany (pipelined by psycopg).
+    groups: dict[tuple[str, ...], list[list]] = {}
+    for entity_id, time, values in rows:
+        groups.setdefault(tuple(values), []).append([entity_id, time, *values.values()])
     with connection.cursor() as cur:
-        for entity_id, time, values in rows:
-            cols = _columns(kind, values)
-            names = ", ".join([spec.entity_column, "time", *cols])
-            marks = ", ".join(["%s"] * (len(cols) + 2))
-            cur.execute(
-                f"INSERT INTO {spec.table} ({names}) VALUES ({marks})",
-                [entity_id, time, *values.values()],
-            )
-            n += 1
-    return n
+        for names, params in groups.items():
+            cols = ", ".join([entity_column, time_column, *check(names)])
+            marks = ", ".join(["%s"] * (len(names) + 2))
+            cur.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", params)
+    return sum(len(p) for p in groups.values())
 
 
 def insert_sample(kind: str, entity_id: int, time: datetime, **values) -> None:
@@ -50,7 +72,9 @@ def insert_series(kind: str, entity_id: int, field: str, points: Iterable[tuple[
     insert_samples(kind, [(entity_id, t, {field: v}) for t, v in points])
 
 
-def insert_narrow(entity_kind: str, entity_id: int, field: str, time: datetime, value: float) -> None:
+def insert_narrow(
+    entity_kind: str, entity_id: int, field: str, time: datetime, value: float
+) -> None:
     """Insert one narrow sample."""
     with connection.cursor() as cur:
         cur.execute(
@@ -75,7 +99,8 @@ def rollup_rows(kind: str, resolution: str, entity_id: int) -> list[dict]:
 
 def rollup_row(kind: str, resolution: str, entity_id: int, bucket: datetime) -> dict | None:
     """One rollup row, or None."""
-    return next((r for r in rollup_rows(kind, resolution, entity_id) if r["bucket"] == bucket), None)
+    rows = rollup_rows(kind, resolution, entity_id)
+    return next((r for r in rows if r["bucket"] == bucket), None)
 
 
 def count_rows(table: str) -> int:
@@ -105,7 +130,8 @@ def fill_gpu_fleet(gpus: int, start: datetime, duration: timedelta, every: timed
         f"INSERT INTO {spec.table} (gpu_id, time, {names})\n"
         f"SELECT g, t, {', '.join(exprs)}\n"
         "FROM generate_series(1, %(gpus)s) AS g,\n"
-        "     generate_series(%(start)s::timestamptz, %(end)s::timestamptz - %(every)s, %(every)s) AS t"
+        "     generate_series(%(start)s::timestamptz, %(end)s::timestamptz - %(every)s,"
+        "                     %(every)s) AS t"
     )
     params = {"gpus": gpus, "start": start, "end": start + duration, "every": every}
     with connection.cursor() as cur:

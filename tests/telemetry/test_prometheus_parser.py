@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,45 @@ def test_capture_fast_path_and_scanner_agree(shared_data: Path, capture: str) ->
         assert scanned == tuple(by_line[lineno][:4])
 
 
+def mutate(line: str, rng: random.Random) -> str:
+    alphabet = '{}",= \t\\_.-+eE0123456789xnNaIf#:\r\u0661\u00e9\x0b'
+    for _ in range(rng.randint(1, 3)):
+        pos = rng.randrange(len(line) + 1)
+        op = rng.random()
+        if op < 0.4:
+            line = line[:pos] + rng.choice(alphabet) + line[pos:]
+        elif op < 0.8:
+            line = line[:pos] + line[pos + 1 :]
+        else:
+            line = line[:pos] + rng.choice(alphabet) + line[pos + 1 :]
+    return line
+
+
+def test_mutated_capture_lines_fast_path_and_scanner_agree(shared_data: Path) -> None:
+    """Random edits of real lines: the fast path accepts exactly what the scanner accepts, with
+    the same result, and fails with the same message (fixed seed, so failures reproduce)."""
+    rng = random.Random(20261130)
+    lines = [line for c in CAPTURES for _, line in sample_lines(read(shared_data, c))]
+    outcomes = {"accepted": 0, "rejected": 0}
+    for _ in range(5000):
+        line = mutate(rng.choice(lines), rng).rstrip("\r")  # a body-final CR ends the line
+        try:
+            scanned, expected_error = _scan_sample(line, 1, {}), None
+        except ExpositionError as exc:
+            scanned, expected_error = None, exc.message
+        try:
+            parsed = parse_exposition(line)
+        except ExpositionError as exc:
+            assert exc.message == expected_error, line
+            outcomes["rejected"] += 1
+            continue
+        assert expected_error is None, line
+        got = tuple(parsed[0][:4]) if parsed else None
+        assert repr(got) == repr(scanned), line  # repr: NaN == NaN
+        outcomes["accepted"] += 1
+    assert min(outcomes.values()) > 500, outcomes
+
+
 def test_label_values_with_spaces_preserved(shared_data: Path) -> None:
     seen_space = False
     for capture in CAPTURES:
@@ -154,8 +194,21 @@ def test_timestamp_parsed_as_int_ms() -> None:
 
 
 def test_label_escapes_decoded() -> None:
-    (sample,) = parse_exposition('m{a="x\\\\y",b="say \\"hi\\"",c="l1\\nl2"} 1\n')
-    assert sample.labels == {"a": "x\\y", "b": 'say "hi"', "c": "l1\nl2"}
+    line = 'm{a="x\\\\y",b="say \\"hi\\"",c="l1\\nl2"} 1'
+    first, plain, again = parse_exposition(f"{line}\nn 2\n{line}\n")
+    assert first.labels == {"a": "x\\y", "b": 'say "hi"', "c": "l1\nl2"}
+    assert again.labels is first.labels and plain.labels == {}
+
+
+def test_interleaved_label_sets_shared_and_kept_apart(shared_data: Path) -> None:
+    text = read(shared_data, MIG_CAPTURE)
+    lines = [line for _, line in sample_lines(text)]
+    gpu = [line for line in lines if "GPU_I_ID" not in line]
+    instance = [line for line in lines if "GPU_I_ID" in line]
+    mixed = [line for pair in zip(gpu, instance, strict=False) for line in pair]
+    samples = parse_exposition("\n".join(mixed))
+    assert [("GPU_I_ID" in s.labels) for s in samples] == [("GPU_I_ID" in m) for m in mixed]
+    assert samples[0].labels is samples[2].labels and samples[1].labels is samples[3].labels
 
 
 def test_blanks_and_spacing_accepted() -> None:

@@ -199,7 +199,8 @@ def test_narrow_fields_roll_up_as_gauges():
 
 @pytest.mark.django_db
 def test_other_kinds_roll_up_their_own_fields():
-    insert_series("port", 4, "xmit_data_bytes", [(T0, 0), (T0 + 30 * SEC, 4096), (T0 + 70 * SEC, 10)])
+    port = [(T0, 0), (T0 + 30 * SEC, 4096), (T0 + 70 * SEC, 10)]
+    insert_series("port", 4, "xmit_data_bytes", port)
     insert_series("power", 5, "energy_j", [(T0, 1.5), (T0 + 30 * SEC, 3.0)])
     insert_series("mig", 6, "xid", [(T0, 1), (T0 + 10 * SEC, 4), (T0 + 20 * SEC, 0)])
     run_rollups(NOW)

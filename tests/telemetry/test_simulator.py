@@ -317,6 +317,9 @@ def test_backfill_sends_history_at_the_interval(live_server, monkeypatch):
     from telemetry.api import views
 
     monkeypatch.setattr(views, "_times", lambda: views.TimeParser(FIXED_NOW, timedelta(minutes=5), timedelta(days=7)))
+    from telemetry.topology import do_import_topology
+
+    do_import_topology(topology_document(build_layout(16, seed=9)))
     token = do_create_collector_token("simulator-test")
     client = IngestClient(live_server.url, token)
     lines: list[str] = []

@@ -12,15 +12,30 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.db.models import Q
 
 from telemetry.models import (
-    Gpu, Hall, Link, MigInstance, Node, NvlinkDomain, Port, PowerDevice, Rack, Row, Site, Switch,
+    Gpu,
+    Hall,
+    Link,
+    MigInstance,
+    Node,
+    NvlinkDomain,
+    Port,
+    PowerDevice,
+    Rack,
+    Row,
+    Site,
+    Switch,
 )
 from telemetry.topology import (
-    TopologyError, do_import_topology, load_topology_file, validate_topology,
+    TopologyError,
+    do_import_topology,
+    load_topology_file,
+    validate_topology,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +133,8 @@ def test_good_yaml_imports_fabric_links_and_ports():
     assert _peer("leaf-01", "p3") == "gpu-0002:mlx5_0/1"
     assert _peer("spine-01", "sw1") == "leaf-01:p7"
     leaf, spine = Switch.objects.get(name="leaf-01"), Switch.objects.get(name="spine-01")
-    assert (leaf.rack.name, leaf.u_position, leaf.role, leaf.model) == ("r01-01", 42, "leaf", "QM9700")
+    assert (leaf.rack.name, leaf.u_position, leaf.role) == ("r01-01", 42, "leaf")
+    assert leaf.model == "QM9700"
     assert (spine.rack, spine.u_position, spine.role) == (None, None, "spine")
     assert sorted(spine.ports.values_list("name", flat=True)) == ["sw1", "sw2", "sw3", "sw4"]
     generated, explicit = _port("leaf-01", "p1"), _port("leaf-01", "p8")
@@ -150,7 +166,8 @@ def test_good_json_imports_with_generated_ports():
 
     assert (result["nodes"].created, result["ports"].created, result["links"].created) == (1, 3, 1)
     assert _peer("lab-0001", "mlx5_0/1") == "lab-leaf:p1"
-    assert Gpu.objects.get(uuid="GPU-025f6884-1162-3032-9aab-14e0d5622783").node.hostname == "lab-0001"
+    gpu = Gpu.objects.get(uuid="GPU-025f6884-1162-3032-9aab-14e0d5622783")
+    assert gpu.node.hostname == "lab-0001"
 
 
 # --- re-imports and edits ----------------------------------------------------------------
@@ -188,11 +205,12 @@ def test_edited_file_updates_in_place_and_moves_gpu():
 
     assert Rack.objects.get(name="r01-01").position == 5
     gpu_row = Gpu.objects.get(pk=moved.pk)
-    assert (gpu_row.node.hostname, gpu_row.index, gpu_row.serial) == ("gpu-0002", 2, "1650124032506")
+    assert (gpu_row.node.hostname, gpu_row.index) == ("gpu-0002", 2)
+    assert gpu_row.serial == "1650124032506"
     assert _peer("gpu-0002", "mlx5_0/1") == "leaf-01:p4"
     assert not Link.objects.filter(pk=old_link.pk).exists()
-    assert list(PowerDevice.objects.get(name="pdu-r01-01-a").racks.values_list("name", flat=True)) == [
-        "r01-02"]
+    pdu = PowerDevice.objects.get(name="pdu-r01-01-a")
+    assert list(pdu.racks.values_list("name", flat=True)) == ["r01-02"]
     assert (result["gpus"].updated, result["racks"].updated) == (1, 1)
     assert (result["links"].created, result["links"].removed) == (1, 1)
     assert (result["power_feeds"].created, result["power_feeds"].removed) == (1, 1)
@@ -212,7 +230,8 @@ def test_auto_registered_unplaced_node_gets_placed_with_same_ids():
     kept = Gpu.objects.get(uuid=gpu.uuid)
     assert (kept.pk, kept.node_id) == (gpu.pk, node.pk)
     # The file names neither model, serial nor MIG mode: what telemetry reported stays.
-    assert (kept.model, kept.serial, kept.mig_mode) == ("NVIDIA H100 80GB HBM3", "1650124047010", True)
+    assert (kept.model, kept.serial) == ("NVIDIA H100 80GB HBM3", "1650124047010")
+    assert kept.mig_mode is True
     assert (result["nodes"].created, result["nodes"].updated) == (4, 1)
     assert Node.objects.count() == 5
 
@@ -237,8 +256,10 @@ def test_replace_removes_what_the_file_no_longer_names():
     assert not MigInstance.objects.exists()
     unplaced = Node.objects.get(pk=gpu_0003.pk)
     assert unplaced.rack is None and unplaced.gpus.count() == 1  # history keeps its ids
-    assert (result["switches"].removed, result["ports"].removed, result["links"].removed) == (1, 4, 1)
-    assert (result["nodes"].removed, result["racks"].removed, result["mig_instances"].removed) == (1, 1, 2)
+    removed = {kind: c.removed for kind, c in result.counts.items() if c.removed}
+    # Ports: spine-01's four. Power: the cooling loop. Nodes: gpu-0003, unplaced.
+    assert removed == {"switches": 1, "ports": 4, "links": 1, "nodes": 1, "racks": 1,
+                       "mig_instances": 2, "power_devices": 1, "power_feeds": 3}
 
 
 # --- validation issues, one kind of mistake per fixture ----------------------------------
@@ -255,7 +276,7 @@ def test_structure_errors_report_exact_paths_and_write_nothing():
         f"{node1}.gpus[1].mig_mode": "expected true or false, got string 'yes'",
         f"{node1}.hcas[0].link_layer": "'infiniband2' is not one of: infiniband, ethernet",
         f"{RACK0}.switches[0].role": "'lef' is not one of: leaf, spine, core",
-        f"{RACK0}.switches[0].guid": "expected a string, got integer 2202698922898097056 (quote it)",
+        f"{RACK0}.switches[0].guid": "got integer 2202698922898097056 (quote it)",
         "switches[0].u": "unknown key 'u'",
         "nvlink_domains[0].kind": "'tray' is not one of: node, rack",
         "power[0].capacity_w": "-5 must be a positive number",
@@ -264,19 +285,24 @@ def test_structure_errors_report_exact_paths_and_write_nothing():
 
 @pytest.mark.django_db
 def test_duplicates_report_both_paths_and_write_nothing():
-    node0 = f"{RACK0}.nodes[0]"
+    node0, switch0 = f"{RACK0}.nodes[0]", f"{RACK0}.switches[0]"
     _assert_rejected("bad_duplicates.yaml", {
-        f"{node0}.gpus[1].index": f"duplicate GPU index 0 on this node; first at {node0}.gpus[0].index",
-        f"{node0}.gpus[0].mig[1].gi_id": "duplicate MIG instance (gi_id, ci_id) (1, 0) on this GPU; "
-                                         f"first at {node0}.gpus[0].mig[0].gi_id",
-        f"{node0}.hcas[1].name": f"duplicate port name 'mlx5_0/1' on this node; first at {node0}.hcas[0].name",
-        f"{RACK0}.switches[0].ports[1].name": "duplicate port name 'x1' on this switch; "
-                                              f"first at {RACK0}.switches[0].ports[0].name",
-        "sites[0].halls[0].rows[0].racks[1].name": f"duplicate rack name 'r01-01'; first at {RACK0}.name",
+        f"{node0}.gpus[1].index": f"duplicate GPU index 0 on this node; "
+                                  f"first at {node0}.gpus[0].index",
+        f"{node0}.gpus[0].mig[1].gi_id": "duplicate MIG instance (gi_id, ci_id) (1, 0) on this "
+                                         f"GPU; first at {node0}.gpus[0].mig[0].gi_id",
+        f"{node0}.hcas[1].name": "duplicate port name 'mlx5_0/1' on this node; "
+                                 f"first at {node0}.hcas[0].name",
+        f"{switch0}.ports[1].name": "duplicate port name 'x1' on this switch; "
+                                    f"first at {switch0}.ports[0].name",
+        "sites[0].halls[0].rows[0].racks[1].name": "duplicate rack name 'r01-01'; "
+                                                   f"first at {RACK0}.name",
         f"{RACK0}.nodes[1].hostname": f"duplicate hostname 'gpu-0001'; first at {node0}.hostname",
-        f"{RACK0}.nodes[1].gpus[0].uuid": f"duplicate GPU UUID 'GPU-aaaa'; first at {node0}.gpus[0].uuid",
-        "switches[0].name": f"duplicate switch name 'leaf-01'; first at {RACK0}.switches[0].name",
-        "nvlink_domains[1].name": "duplicate NVLink domain name 'nvd-1'; first at nvlink_domains[0].name",
+        f"{RACK0}.nodes[1].gpus[0].uuid": "duplicate GPU UUID 'GPU-aaaa'; "
+                                          f"first at {node0}.gpus[0].uuid",
+        "switches[0].name": f"duplicate switch name 'leaf-01'; first at {switch0}.name",
+        "nvlink_domains[1].name": "duplicate NVLink domain name 'nvd-1'; "
+                                  "first at nvlink_domains[0].name",
         "power[1].name": "duplicate power device name 'pdu-1'; first at power[0].name",
         "links[1][0]": "port 'leaf-01:p1' is already cabled by the link at links[0][1]",
     })
@@ -342,12 +368,39 @@ def test_values_the_database_would_refuse_are_issues():
     base = "sites[0].halls[0].rows[0].racks[0]"
     assert got == {
         "sites[0].name": "'dc 1' is not a slug (letters, digits, '-' and '_')",
-        f"{base}.nodes[0].hostname": "'hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh'... is 254 characters "
-                                     "long; the limit is 253",
-        f"{base}.nodes[1].hostname": "'bad:name' must have no spaces and no ':' (':' separates owner "
-                                     "and port in links)",
+        f"{base}.nodes[0].hostname": f"{'h' * 40!r}... is 254 characters long; the limit is 253",
+        f"{base}.nodes[1].hostname": "'bad:name' must have no spaces and no ':' "
+                                     "(':' separates owner and port in links)",
         f"{base}.switches[0].port_count": "5000 is out of range 1..4096",
     }
+
+
+def test_docs_example_is_valid():
+    text = (REPO / "docs" / "topology.md").read_text()
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    doc = yaml.safe_load(example)
+    assert validate_topology(doc) == []
+
+
+def test_explicit_null_means_absent_but_not_for_required_keys():
+    doc = {"version": 1, "power": [{"name": None, "kind": "pdu", "upstream": None,
+                                    "capacity_w": None, "racks": None}]}
+    assert [str(i) for i in validate_topology(doc)] == ["power[0].name: must not be null"]
+
+
+@pytest.mark.django_db
+def test_link_stored_on_a_port_the_file_cables_elsewhere_is_replaced():
+    do_import_topology(_doc("good.yaml"))
+    # An operator's manual entry: spine-01:sw2 cabled to gpu-0001's first HCA.
+    Link.objects.filter(a=_port("gpu-0001", "mlx5_0/1")).delete()
+    Link.objects.create(a=_port("spine-01", "sw2"), b=_port("gpu-0001", "mlx5_0/1"))
+
+    result = do_import_topology(_doc("good.yaml"))
+
+    assert _peer("gpu-0001", "mlx5_0/1") == "leaf-01:p1"
+    assert not Link.objects.filter(a=_port("spine-01", "sw2")).exists()
+    links = result["links"]
+    assert (links.created, links.removed, links.unchanged) == (1, 1, 3)
 
 
 # --- reading files -----------------------------------------------------------------------
@@ -369,7 +422,8 @@ def test_yaml_duplicate_key_names_the_line():
 def test_json_syntax_error_names_the_line():
     with pytest.raises(TopologyError) as caught:
         load_topology_file(FIXTURES / "syntax_error.json")
-    assert str(caught.value) == "line 4, column 19: JSON syntax error: trailing comma is not allowed"
+    assert str(caught.value) == (
+        "line 4, column 19: JSON syntax error: trailing comma is not allowed")
 
 
 def test_unknown_extension_is_read_as_json_then_yaml(tmp_path):
@@ -424,7 +478,8 @@ def test_command_shows_fifty_issues_then_how_many_more(tmp_path):
         call_command("import_topology", str(path), "--dry-run", stderr=err)
     lines = err.getvalue().splitlines()
     assert len(lines) == 51 and lines[-1] == "and 10 more"
-    assert lines[0] == f"{path}: power[0].kind: 'ups' is not one of: psu, pdu, power_shelf, cooling_loop"
+    assert lines[0] == (
+        f"{path}: power[0].kind: 'ups' is not one of: psu, pdu, power_shelf, cooling_loop")
 
 
 @pytest.mark.django_db
@@ -471,12 +526,14 @@ def _big_cluster(nodes: int = 2048, gpus: int = 8, hcas: int = 4, leaves: int = 
             k = n * hcas + h
             links.append([f"{host}:mlx5_{h}/1", f"leaf-{k // 48:03d}:p{k % 48 + 1}"])
     for u in range(spines * 64):
-        links.append([f"leaf-{u % leaves:03d}:p{49 + u // leaves}", f"spine-{u // 64:02d}:p{u % 64 + 1}"])
+        leaf, spine = f"leaf-{u % leaves:03d}", f"spine-{u // 64:02d}"
+        links.append([f"{leaf}:p{49 + u // leaves}", f"{spine}:p{u % 64 + 1}"])
     rows = [{"name": f"row-{i:02d}", "racks": racks[i * 16:(i + 1) * 16]} for i in range(16)]
     return {
         "version": 1,
         "sites": [{"name": "dc1", "halls": [{"name": "hall-a", "rows": rows}]}],
-        "switches": [{"name": f"spine-{s:02d}", "role": "spine", "port_count": 64} for s in range(spines)],
+        "switches": [{"name": f"spine-{s:02d}", "role": "spine", "port_count": 64}
+                     for s in range(spines)],
         "nvlink_domains": [{"name": f"nvd-gpu-{n:04d}", "kind": "node"} for n in range(nodes)],
         "links": links,
         "power": power,

@@ -30,7 +30,8 @@ class Command(BaseCommand):
             result = do_import_topology(doc, replace=replace)
         except TopologyError as exc:
             self._report(file, exc.issues)
-            raise CommandError(f"{file}: {len(exc.issues)} problem(s); nothing was written") from exc
+            count = len(exc.issues)
+            raise CommandError(f"{file}: {count} problem(s); nothing was written") from exc
         for line in result.summary_lines():
             self.stdout.write(line)
         verdict = "imported" if result.changed else "already up to date, nothing changed"
@@ -40,8 +41,8 @@ class Command(BaseCommand):
         plan, issues = build_plan(doc)
         if issues:
             raise TopologyError(issues)
-        for kind, count in plan.counts().items():
-            self.stdout.write(f"{kind:<10} {count:>7}")
+        for kind, records in vars(plan).items():
+            self.stdout.write(f"{kind:<10} {len(records):>7} in the file")
         self.stdout.write(self.style.SUCCESS(f"{file}: valid (dry run, nothing written)"))
 
     def _report(self, file: str, issues: list[TopologyIssue]) -> None:
