@@ -18,3 +18,26 @@ def do_create_collector_token(name: str, *, replace: bool = False) -> str:
     raw = CollectorToken.generate()
     CollectorToken.objects.create(name=name, prefix=raw[:10], token_hash=CollectorToken.hash(raw))
     return raw
+
+
+@transaction.atomic
+def do_rebuild_latest(window) -> dict[str, int]:
+    """Refill each last-value table with the newest raw row per entity within `window`."""
+    from django.db import connection
+
+    from telemetry.fields import KINDS
+
+    counts = {}
+    with connection.cursor() as cur:
+        for name, kind in KINDS.items():
+            cols = ", ".join([kind.entity_column, "time", *(f.name for f in kind.fields)])
+            sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in cols.split(", ")[1:])
+            cur.execute(
+                f"INSERT INTO {kind.latest_table} AS l ({cols}) "
+                f"SELECT DISTINCT ON ({kind.entity_column}) {cols} FROM {kind.table} "
+                f"WHERE time > now() - %s ORDER BY {kind.entity_column}, time DESC "
+                f"ON CONFLICT ({kind.entity_column}) DO UPDATE SET {sets} WHERE l.time <= EXCLUDED.time",
+                [window],
+            )
+            counts[name] = cur.rowcount
+    return counts

@@ -11,9 +11,11 @@ Throttle, across every process that ingests:
    batches commit.
 2. A publisher that loses the claim must not lose its change: it arms one timer in its own
    process for when the current slot expires. When the timer fires it tries to claim once.
-3. If that claim fails too, someone claimed the slot after the previous one expired, which is
-   after our commit, and their summary (computed after claiming) already includes our rows,
-   so nothing is retried. Hence the last change of a burst reaches the page within ~1 s.
+3. If that claim fails too and the slot has a new holder (each claim stores a random token),
+   the new holder claimed after the old slot expired, which is after our commit, and its
+   summary (computed after claiming) already includes our rows, so nothing is retried. If the
+   old holder is still there (the timer fired a hair early), the timer is armed again.
+   Hence the last change of a burst reaches the page within about a second.
 
 Publishing is best effort: any failure is logged and never raised into ingest.
 """
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from uuid import uuid4
 
 import redis
 from asgiref.sync import async_to_sync
@@ -72,11 +76,11 @@ def publish_fleet_summary() -> bool:
     Returns True when this call sent a summary. Never raises.
     """
     try:
-        remaining_ms = _claim_slot()
-        if remaining_ms is None:
+        claimed, holder, remaining_ms = _claim_slot()
+        if claimed:
             _send_summary()
             return True
-        _arm_trailing(remaining_ms)
+        _arm_trailing(holder, remaining_ms)
     except Exception:
         logger.exception("fleet summary publish failed")
     return False
@@ -87,19 +91,27 @@ def wait_for_trailing_publish(timeout: float = 5.0) -> None:
 
     For tests and graceful shutdown: the timer thread is a daemon and dies with the process.
     """
-    with _trailing_guard:
-        timer = _last_trailing
-    if timer is not None:
-        timer.join(timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        with _trailing_guard:
+            timer = _last_trailing
+        if timer is None:
+            return
+        timer.join(max(0.0, deadline - time.monotonic()))
+        with _trailing_guard:
+            # A timer that found its slot not yet expired armed a successor: wait for that too.
+            if _last_trailing is timer or time.monotonic() >= deadline:
+                return
 
 
-def _claim_slot() -> int | None:
-    """None when this caller owns the slot, else the milliseconds until it frees."""
-    if _redis.set(THROTTLE_KEY, "1", nx=True, px=THROTTLE_MS):
-        return None
-    remaining_ms = _redis.pttl(THROTTLE_KEY)
-    # -2: expired between the two commands; -1 cannot happen (we always set a TTL).
-    return max(remaining_ms, 0)
+def _claim_slot() -> tuple[bool, bytes | None, int]:
+    """(claimed, the current holder's token, milliseconds until the slot frees)."""
+    token = uuid4().hex.encode()
+    if _redis.set(THROTTLE_KEY, token, nx=True, px=THROTTLE_MS):
+        return True, token, THROTTLE_MS
+    holder, remaining_ms = _redis.pipeline().get(THROTTLE_KEY).pttl(THROTTLE_KEY).execute()
+    # PTTL is -2 when the slot expired between the two calls: retry right away.
+    return False, holder, max(remaining_ms, 0)
 
 
 def _send_summary() -> None:
@@ -109,26 +121,31 @@ def _send_summary() -> None:
     )
 
 
-def _arm_trailing(remaining_ms: int) -> None:
+def _arm_trailing(holder: bytes | None, remaining_ms: int) -> None:
     global _trailing, _last_trailing
     with _trailing_guard:
         if _trailing is not None:
             return  # one pending timer per process covers every change committed before it fires
-        timer = threading.Timer(remaining_ms / 1000 + _TRAILING_MARGIN_S, _publish_trailing)
+        timer = threading.Timer(
+            remaining_ms / 1000 + _TRAILING_MARGIN_S, _publish_trailing, args=(holder,)
+        )
         timer.daemon = True
         _trailing = _last_trailing = timer
         timer.start()
 
 
-def _publish_trailing() -> None:
+def _publish_trailing(seen_holder: bytes | None) -> None:
     global _trailing
     # Disarm before claiming: a change that commits from here on arms a new timer if our claim
     # computes too early to include it.
     with _trailing_guard:
         _trailing = None
     try:
-        if _claim_slot() is None:
+        claimed, holder, remaining_ms = _claim_slot()
+        if claimed:
             _send_summary()
+        elif holder == seen_holder:
+            _arm_trailing(holder, remaining_ms)  # the slot we waited for has not expired yet
     except Exception:
         logger.exception("trailing fleet summary publish failed")
     finally:

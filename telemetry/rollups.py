@@ -172,9 +172,8 @@ def _from_rollup(f: Field) -> list[tuple[str, str]]:
     return [(f"{n}_or", f"bit_or({n}_or)"), (f"{n}_last", last)]
 
 
-def _insert(r: Rollup, source: str, aggs: list[tuple[str, str]], samples: str) -> str:
+def _insert(r: Rollup, source: str, aggs: list[tuple[str, str]], samples: str, bucket: str) -> str:
     keys = ", ".join(r.keys)
-    bucket = f"time_bucket(%(width)s, {r.time_column})"
     targets = ", ".join(col for col, _ in aggs)
     exprs = ",\n       ".join(expr for _, expr in aggs)
     # Every column is overwritten on conflict, so redoing a bucket replaces it, never adds to it.
@@ -199,18 +198,21 @@ def _raw_sql(r: Rollup) -> str:
     # The CTE reads from `lookback` so the first reading of the slice has a predecessor; the
     # previous non-NULL reading comes from a running last() (PostgreSQL's lag() cannot skip
     # NULLs). last()'s final function is read-only, so the window is computed incrementally.
+    # Ordering the window by (bucket, time), the same order as by time, hands the GROUP BY its
+    # rows already sorted, which saves a second sort of the whole slice.
     cte = (
-        f"WITH src AS (\n    SELECT *{prev}\n    FROM {r.source}\n"
+        f"WITH src AS (\n    SELECT *, time_bucket(%(width)s, time) AS bucket__{prev}\n"
+        f"    FROM {r.source}\n"
         f"    WHERE time >= %(lookback)s AND time < %(end)s\n"
-        f"    WINDOW w AS (PARTITION BY {keys} ORDER BY time "
+        f"    WINDOW w AS (PARTITION BY {keys} ORDER BY time_bucket(%(width)s, time), time "
         f"ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)\n)\n"
     )
-    return cte + _insert(r, "src", aggs, "count(*)")
+    return cte + _insert(r, "src", aggs, "count(*)", "bucket__")
 
 
 def _rollup_sql(r: Rollup) -> str:
     aggs = [pair for f in r.fields for pair in _from_rollup(f)]
-    return _insert(r, r.source, aggs, "sum(samples)::int")
+    return _insert(r, r.source, aggs, "sum(samples)::int", "time_bucket(%(width)s, bucket)")
 
 
 # --- Running ---------------------------------------------------------------------------------

@@ -29,15 +29,23 @@ def shared_data() -> Path:
 def _no_persistent_worker_connections():
     """API work runs in worker threads with their own connections; closing them after each
     request lets the test database be flushed and dropped."""
-    from django.db import connections
+    from django.conf import settings
 
-    connections.settings["default"]["CONN_MAX_AGE"] = 0
+    if settings.configured:  # pure parser tests may run with -p no:django
+        from django.db import connections
+
+        connections.settings["default"]["CONN_MAX_AGE"] = 0
     yield
 
 
 @pytest.fixture(autouse=True)
 def _fresh_entity_cache():
     """Ingest caches inventory ids per process; each test starts with an empty database."""
+    from django.conf import settings
+
+    if not settings.configured:
+        yield
+        return
     from telemetry.ingest import entities
 
     entities.clear_cache()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
-from telemetry.ingest.schema import Batch, Record
+from telemetry.ingest.schema import Batch, Frame
 
 _CACHE: dict[str, dict] = {"node": {}, "gpu": {}, "mig": {}, "port": {}, "switch": {}, "power": {}}
 
@@ -19,6 +19,10 @@ def clear_cache() -> None:
     """Forget every cached id (after inventory deletions, and between tests)."""
     for c in _CACHE.values():
         c.clear()
+
+
+def _row(frame: Frame, i: int) -> dict:
+    return {k: col[i] for k, col in frame.ident.items() if col[i] is not None}
 
 
 class Resolver:
@@ -32,8 +36,11 @@ class Resolver:
         found = _CACHE[kind].get(key)
         return found if found is not None else self.pending[kind].get(key)
 
-    def _remember(self, kind: str, mapping: dict) -> None:
-        self.pending[kind].update(mapping)
+    def _ids(self, kind: str, keys: list) -> list:
+        cached = list(map(_CACHE[kind].get, keys))
+        if None in cached:
+            cached = [self.get(kind, k) for k in keys]
+        return cached
 
     def publish_on_commit(self) -> None:
         pending = self.pending
@@ -62,136 +69,134 @@ class Resolver:
             )
             self._count("node", len(cur.fetchall()))
             cur.execute("SELECT hostname, id FROM telemetry_node WHERE hostname = ANY(%s)", [missing])
-            self._remember("node", dict(cur.fetchall()))
+            self.pending["node"].update(cur.fetchall())
 
-    def gpus(self, records: list[Record], uuid_key: str = "uuid", index_key: str = "index") -> None:
-        first: dict[str, Record] = {}
-        for r in records:
-            u = r.ident[uuid_key]
-            if u not in first and self.get("gpu", u) is None:
-                first[u] = r
-        if not first:
-            return
+    def gpu_ids(self, frame: Frame, uuid_key: str = "uuid", index_key: str = "index") -> list:
+        uuids = frame.ident[uuid_key]
+        ids = self._ids("gpu", uuids)
+        if None not in ids:
+            return ids
+        first: dict[str, int] = {}
+        for i, (u, gid) in enumerate(zip(uuids, ids, strict=True)):
+            if gid is None and u not in first:
+                first[u] = i
         with connection.cursor() as cur:
             cur.execute("SELECT uuid, id FROM telemetry_gpu WHERE uuid = ANY(%s)", [list(first)])
-            self._remember("gpu", dict(cur.fetchall()))
-        new = [r for u, r in first.items() if self.get("gpu", u) is None]
+            self.pending["gpu"].update(cur.fetchall())
+        new = [_row(frame, i) for u, i in first.items() if self.get("gpu", u) is None]
         if new:
-            self._register_gpus(new, uuid_key, index_key)
+            self._register_gpus(new, uuid_key, index_key, mig=frame.kind == "mig")
+        return self._ids("gpu", uuids)
 
-    def _register_gpus(self, new: list[Record], uuid_key: str, index_key: str) -> None:
-        self.nodes({r.ident["host"] for r in new})
-        rows = [
-            (
-                r.ident[uuid_key], self.get("node", r.ident["host"]), r.ident.get(index_key),
-                r.ident.get("model", ""), r.ident.get("serial", ""), r.ident.get("pci_bus_id", ""),
-                r.ident.get("driver", ""), r.kind == "mig",
-            )
-            for r in new
+    def _register_gpus(self, new: list[dict], uuid_key: str, index_key: str, *, mig: bool) -> None:
+        self.nodes({r["host"] for r in new})
+        cols = [
+            [r[uuid_key] for r in new], [self.get("node", r["host"]) for r in new],
+            [r.get(index_key) for r in new], [r.get("model", "") for r in new],
+            [r.get("serial", "") for r in new], [r.get("pci_bus_id", "") for r in new],
+            [r.get("driver", "") for r in new], [mig] * len(new),
         ]
-        cols = list(zip(*rows, strict=True))
         with connection.cursor() as cur:
             cur.execute(
                 "INSERT INTO telemetry_gpu (uuid, node_id, index, model, serial, pci_bus_id, driver, mig_mode, first_seen) "
                 "SELECT u, n, i, m, s, p, d, mm, now() FROM unnest(%s::text[], %s::bigint[], %s::int[], "
                 "%s::text[], %s::text[], %s::text[], %s::text[], %s::bool[]) AS t(u, n, i, m, s, p, d, mm) "
                 "ON CONFLICT (uuid) DO NOTHING RETURNING id",
-                [list(c) for c in cols],
+                cols,
             )
             self._count("gpu", len(cur.fetchall()))
-            cur.execute("SELECT uuid, id FROM telemetry_gpu WHERE uuid = ANY(%s)", [list(cols[0])])
-            self._remember("gpu", dict(cur.fetchall()))
+            cur.execute("SELECT uuid, id FROM telemetry_gpu WHERE uuid = ANY(%s)", [cols[0]])
+            self.pending["gpu"].update(cur.fetchall())
 
     # --- MIG instances --------------------------------------------------------------------
-    def migs(self, records: list[Record]) -> None:
-        self.gpus(records, uuid_key="gpu_uuid", index_key="gpu_index")
-        keys = {}
-        for r in records:
-            key = (self.get("gpu", r.ident["gpu_uuid"]), r.ident["gi_id"], r.ident.get("ci_id", 0))
-            if self.get("mig", key) is None:
-                keys.setdefault(key, r.ident.get("profile", ""))
-        if not keys:
-            return
-        gpu_ids, gis, cis = (list(c) for c in zip(*keys, strict=True))
+    def mig_ids(self, frame: Frame) -> list:
+        gpu_ids = self.gpu_ids(frame, uuid_key="gpu_uuid", index_key="gpu_index")
+        ci = frame.ident.get("ci_id") or [None] * frame.n
+        keys = [(g, gi, c or 0) for g, gi, c in zip(gpu_ids, frame.ident["gi_id"], ci, strict=True)]
+        ids = self._ids("mig", keys)
+        if None in ids:
+            profiles = frame.ident.get("profile") or [""] * frame.n
+            want = {k: (p or "") for k, p, i in zip(keys, profiles, ids, strict=True) if i is None}
+            self._register_migs(want)
+            ids = self._ids("mig", keys)
+        return ids
+
+    def _register_migs(self, want: dict) -> None:
+        gpu_ids, gis, cis = (list(c) for c in zip(*want, strict=True))
         with connection.cursor() as cur:
             cur.execute(
                 "INSERT INTO telemetry_miginstance (gpu_id, gi_id, ci_id, profile) "
                 "SELECT * FROM unnest(%s::bigint[], %s::int[], %s::int[], %s::text[]) "
                 "ON CONFLICT (gpu_id, gi_id, ci_id) DO NOTHING RETURNING id",
-                [gpu_ids, gis, cis, list(keys.values())],
+                [gpu_ids, gis, cis, list(want.values())],
             )
             self._count("mig", len(cur.fetchall()))
             # A GPU reporting MIG instances is in MIG mode, whatever it was registered as.
             cur.execute("UPDATE telemetry_gpu SET mig_mode = true WHERE id = ANY(%s) AND NOT mig_mode", [gpu_ids])
-            cur.execute(
-                "SELECT gpu_id, gi_id, ci_id, id FROM telemetry_miginstance WHERE gpu_id = ANY(%s)", [gpu_ids]
-            )
-            self._remember("mig", {(g, gi, ci): i for g, gi, ci, i in cur.fetchall()})
-
-    def mig_key(self, r: Record):
-        return (self.get("gpu", r.ident["gpu_uuid"]), r.ident["gi_id"], r.ident.get("ci_id", 0))
+            cur.execute("SELECT gpu_id, gi_id, ci_id, id FROM telemetry_miginstance WHERE gpu_id = ANY(%s)", [gpu_ids])
+            self.pending["mig"].update({(g, gi, ci): i for g, gi, ci, i in cur.fetchall()})
 
     # --- fabric ports and power devices ---------------------------------------------------
-    def ports(self, records: list[Record], batch: Batch) -> list[Record]:
-        """Resolve ports; records naming an unknown switch are rejected (switches are not guessed)."""
-        self.nodes({r.ident["host"] for r in records if "host" in r.ident})
-        self._lookup_names("switch", "telemetry_switch", "name", {r.ident["switch"] for r in records if "switch" in r.ident})
-        kept, want = [], {}
-        for r in records:
-            owner = self.port_owner(r)
-            if owner[1] is None:
-                batch.reject(f"port {r.ident['switch']}:{r.ident['port']}", f"unknown switch {r.ident['switch']!r}", len(r.values) + len(r.extra))
-                continue
-            kept.append(r)
-            key = owner + (r.ident["port"],)
-            if self.get("port", key) is None:
-                want[key] = r.ident.get("link_layer", "infiniband")
-        if want:
-            self._register_ports(want)
-        return kept
-
-    def port_owner(self, r: Record) -> tuple[str, int | None]:
-        if "host" in r.ident:
-            return ("node", self.get("node", r.ident["host"]))
-        return ("switch", self.get("switch", r.ident["switch"]))
+    def port_ids(self, frame: Frame, batch: Batch) -> tuple[Frame, list]:
+        """Resolve ports; rows naming an unknown switch are rejected (switches are not guessed)."""
+        hosts = frame.ident.get("host") or [None] * frame.n
+        switches = frame.ident.get("switch") or [None] * frame.n
+        self.nodes({h for h in hosts if h})
+        self._lookup_names("switch", "telemetry_switch", "name", {s for s in switches if s})
+        owners = [
+            ("node", self.get("node", h)) if h else ("switch", self.get("switch", s))
+            for h, s in zip(hosts, switches, strict=True)
+        ]
+        keep = [i for i, o in enumerate(owners) if o[1] is not None]
+        for i in sorted(set(range(frame.n)) - set(keep)):
+            name = switches[i]
+            batch.reject(f"port {name}:{frame.ident['port'][i]}", f"unknown switch {name!r}", frame.take([i]).sample_count)
+        if len(keep) < frame.n:
+            frame, owners = frame.take(keep), [owners[i] for i in keep]
+        keys = [o + (p,) for o, p in zip(owners, frame.ident["port"], strict=True)]
+        ids = self._ids("port", keys)
+        if None in ids:
+            layers = frame.ident.get("link_layer") or ["infiniband"] * frame.n
+            self._register_ports({k: ll for k, ll, i in zip(keys, layers, ids, strict=True) if i is None})
+            ids = self._ids("port", keys)
+        return frame, ids
 
     def _register_ports(self, want: dict) -> None:
         keys = list(want)
         node_ids = [oid if kind == "node" else None for kind, oid, _ in keys]
         switch_ids = [oid if kind == "switch" else None for kind, oid, _ in keys]
-        names = [name for _, _, name in keys]
         layers = [want[k] if want[k] in ("infiniband", "ethernet") else "infiniband" for k in keys]
         with connection.cursor() as cur:
             cur.execute(
                 "INSERT INTO telemetry_port (node_id, switch_id, name, guid, link_layer) "
                 "SELECT n, s, nm, '', ll FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) AS t(n, s, nm, ll) "
                 "ON CONFLICT DO NOTHING RETURNING id",
-                [node_ids, switch_ids, names, layers],
+                [node_ids, switch_ids, [k[2] for k in keys], layers],
             )
             self._count("port", len(cur.fetchall()))
             cur.execute(
                 "SELECT node_id, switch_id, name, id FROM telemetry_port WHERE node_id = ANY(%s) OR switch_id = ANY(%s)",
                 [[i for i in node_ids if i], [i for i in switch_ids if i]],
             )
-            self._remember(
-                "port",
-                {(("node", n) if n else ("switch", s)) + (name,): i for n, s, name, i in cur.fetchall()},
+            self.pending["port"].update(
+                {(("node", n) if n else ("switch", s)) + (name,): i for n, s, name, i in cur.fetchall()}
             )
 
-    def power(self, records: list[Record], batch: Batch) -> list[Record]:
+    def power_ids(self, frame: Frame, batch: Batch) -> tuple[Frame, list]:
         """Resolve power devices; unknown devices are rejected (import them with the topology)."""
-        self._lookup_names("power", "telemetry_powerdevice", "name", {r.ident["device"] for r in records})
-        kept = []
-        for r in records:
-            if self.get("power", r.ident["device"]) is None:
-                batch.reject(f"power {r.ident['device']}", f"unknown power device {r.ident['device']!r}", len(r.values) + len(r.extra))
-            else:
-                kept.append(r)
-        return kept
+        names = frame.ident["device"]
+        self._lookup_names("power", "telemetry_powerdevice", "name", set(names))
+        ids = self._ids("power", names)
+        keep = [i for i, x in enumerate(ids) if x is not None]
+        for i in sorted(set(range(frame.n)) - set(keep)):
+            batch.reject(f"power {names[i]}", f"unknown power device {names[i]!r}", frame.take([i]).sample_count)
+        if len(keep) < frame.n:
+            frame, ids = frame.take(keep), [ids[i] for i in keep]
+        return frame, ids
 
     def _lookup_names(self, kind: str, table: str, column: str, names: set[str]) -> None:
         missing = [n for n in names if self.get(kind, n) is None]
         if missing:
             with connection.cursor() as cur:
                 cur.execute(f"SELECT {column}, id FROM {table} WHERE {column} = ANY(%s)", [missing])
-                self._remember(kind, dict(cur.fetchall()))
+                self.pending[kind].update(cur.fetchall())

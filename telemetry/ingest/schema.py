@@ -48,7 +48,7 @@ class BatchError(ValueError):
 
 @dataclass(slots=True)
 class Record:
-    """One entity's validated sample set at one time."""
+    """One entity's validated sample set at one time (row-shaped input)."""
 
     kind: str
     ident: dict
@@ -58,10 +58,53 @@ class Record:
 
 
 @dataclass
+class Frame:
+    """Validated samples of one kind in columns: what the writer COPYs.
+
+    Every list has `n` entries; None in a value column means 'not reported'.
+    """
+
+    kind: str
+    n: int
+    ident: dict[str, list]
+    times: list[datetime]
+    values: dict[str, list]
+    extra: dict[str, list] = field(default_factory=dict)
+
+    @property
+    def sample_count(self) -> int:
+        return sum(len(c) - c.count(None) for c in (*self.values.values(), *self.extra.values()))
+
+    def take(self, keep: list[int]) -> Frame:
+        """The rows at `keep`, in order."""
+        pick = lambda col: [col[i] for i in keep]  # noqa: E731
+        return Frame(
+            self.kind, len(keep), {k: pick(v) for k, v in self.ident.items()}, pick(self.times),
+            {k: pick(v) for k, v in self.values.items()}, {k: pick(v) for k, v in self.extra.items()},
+        )
+
+
+def frame_from_records(kind: str, records: list[Record]) -> Frame:
+    """Row-shaped records to one column frame."""
+    idents = [r.ident for r in records]
+    ident_keys = set().union(*(i.keys() for i in idents))
+    value_keys = set().union(*(r.values.keys() for r in records))
+    extra_keys = set().union(*(r.extra.keys() for r in records))
+    return Frame(
+        kind, len(records),
+        {k: [i.get(k) for i in idents] for k in ident_keys},
+        [r.time for r in records],
+        {k: [r.values.get(k) for r in records] for k in value_keys},
+        {k: [r.extra.get(k) for r in records] for k in extra_keys},
+    )
+
+
+@dataclass
 class Batch:
-    """A validated batch ready for the writer."""
+    """A validated batch ready for the writer: row records and/or column frames per kind."""
 
     records: dict[str, list[Record]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    columnar: dict[str, list[Frame]] = field(default_factory=lambda: {k: [] for k in KINDS})
     rejected: int = 0
     rejections: list[dict] = field(default_factory=list)
 
@@ -70,9 +113,15 @@ class Batch:
         if len(self.rejections) < MAX_REJECTION_DETAILS:
             self.rejections.append({"where": where, "reason": reason, "samples": samples})
 
-    @property
-    def sample_count(self) -> int:
-        return sum(len(r.values) + len(r.extra) for recs in self.records.values() for r in recs)
+    def frames(self) -> dict[str, list[Frame]]:
+        out = {}
+        for kind in KINDS:
+            frames = list(self.columnar[kind])
+            if self.records[kind]:
+                frames.append(frame_from_records(kind, self.records[kind]))
+            if frames:
+                out[kind] = frames
+        return out
 
 
 class TimeParser:
@@ -256,8 +305,13 @@ def parse_json(body: bytes, times: TimeParser) -> Batch:
     batch = Batch()
     for key, kind in COLLECTION_KEYS.items():
         recs = doc.get(key) or []
+        if isinstance(recs, dict):
+            from telemetry.ingest.columnar import add_columns  # columnar form: see docs/ingest.md
+
+            add_columns(batch, kind, recs, f"$.{key}", times, default_time)
+            continue
         if not isinstance(recs, list):
-            raise BatchError(f"$.{key}", f"must be a list, got {type(recs).__name__}")
+            raise BatchError(f"$.{key}", f"must be a list of records or an object of columns, got {type(recs).__name__}")
         for i, rec in enumerate(recs):
             add_record(batch, kind, rec, f"$.{key}[{i}]", times, default_time)
     return batch

@@ -1,14 +1,16 @@
 """The one batch writer every source ends in (agent push, JSON/NDJSON, exposition push, scrape,
 simulator).
 
-For each entity kind in a batch, in ONE transaction:
+For each frame (one entity kind, in columns), in ONE transaction:
   1. resolve entity ids (registering unseen GPUs and nodes, unplaced);
-  2. binary COPY the rows once into a per-connection TEMP staging table (no WAL, no indexes);
+  2. binary COPY the rows, only the columns present, into a per-connection TEMP staging table
+     (no WAL, no indexes);
   3. INSERT the staged rows into the hypertable — plain INSERT first; if the batch overlaps rows
      already stored (a re-send, or two collectors reporting the same GPU at the same instant),
      the savepoint is rolled back and the rows are merged with ON CONFLICT, filling only the
      fields that were missing, so a re-sent batch is harmless;
-  4. upsert the last-value table from the same staging rows, newest time per entity winning;
+  4. upsert the last-value table from the same staging rows, newest time per entity winning and
+     fields this frame did not carry keeping their last value;
 then the narrow table for unmapped fields, one row in the ingest log, and one live publish
 scheduled for after the commit. Nothing is acknowledged before the commit.
 """
@@ -20,18 +22,20 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 
 import psycopg
 from django.db import IntegrityError, connection, transaction
 
-from telemetry.fields import KINDS, SampleKind
+from telemetry.fields import KINDS
 from telemetry.ingest.entities import Resolver
-from telemetry.ingest.schema import Batch, Record
+from telemetry.ingest.schema import Batch, Frame
 from telemetry.models import IngestBatch
 
 log = logging.getLogger(__name__)
 
 COPY_TYPES = {"bigint": "int8", "real": "float4", "double precision": "float8"}
+NARROW_STAGE = "bw_stage_narrow"
 
 
 @dataclass
@@ -54,78 +58,89 @@ class WriteResult:
         }
 
 
+@dataclass(frozen=True)
 class _Sql:
-    """SQL text for one kind, built once from the field registry."""
+    """SQL text for one kind and one set of present columns."""
 
-    def __init__(self, kind: SampleKind):
-        names = [f.name for f in kind.fields]
-        ent = kind.entity_column
-        cols = ", ".join([ent, "time", *names])
-        self.stage = f"bw_stage_{kind.name}"
-        self.types = ["int4", "timestamptz"] + [COPY_TYPES[f.sql_type] for f in kind.fields]
-        self.create_stage = (
-            f"CREATE TEMP TABLE IF NOT EXISTS {self.stage} (LIKE {kind.table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-        )
-        self.copy = f"COPY {self.stage} ({cols}) FROM STDIN (FORMAT BINARY)"
-        self.insert = f"INSERT INTO {kind.table} ({cols}) SELECT {cols} FROM {self.stage}"
-        merge = ", ".join(f"{n} = COALESCE(EXCLUDED.{n}, t.{n})" for n in names)
-        self.merge = (
-            f"INSERT INTO {kind.table} AS t ({cols}) SELECT {cols} FROM {self.stage} "
-            f"ON CONFLICT ({ent}, time) DO UPDATE SET {merge}"
-        )
-        latest_merge = ", ".join(f"{n} = COALESCE(EXCLUDED.{n}, l.{n})" for n in names)
-        self.latest = (
+    stage: str
+    types: list[str]
+    create_stage: str
+    copy: str
+    insert: str
+    merge: str
+    latest: str
+
+
+@lru_cache(maxsize=256)
+def _sql(kind_name: str, names: tuple[str, ...]) -> _Sql:
+    kind = KINDS[kind_name]
+    spec = kind.by_name
+    ent = kind.entity_column
+    cols = ", ".join([ent, "time", *names])
+    stage = f"bw_stage_{kind.name}"
+    merge = ", ".join(f"{n} = COALESCE(EXCLUDED.{n}, t.{n})" for n in names) or "time = EXCLUDED.time"
+    latest = ", ".join(["time = EXCLUDED.time", *(f"{n} = COALESCE(EXCLUDED.{n}, l.{n})" for n in names)])
+    return _Sql(
+        stage=stage,
+        types=["int4", "timestamptz"] + [COPY_TYPES[spec[n].sql_type] for n in names],
+        create_stage=f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {kind.table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
+        copy=f"COPY {stage} ({cols}) FROM STDIN (FORMAT BINARY)",
+        insert=f"INSERT INTO {kind.table} ({cols}) SELECT {cols} FROM {stage}",
+        merge=f"INSERT INTO {kind.table} AS t ({cols}) SELECT {cols} FROM {stage} ON CONFLICT ({ent}, time) DO UPDATE SET {merge}",
+        latest=(
             f"INSERT INTO {kind.latest_table} AS l ({cols}) "
-            f"SELECT DISTINCT ON ({ent}) {cols} FROM {self.stage} ORDER BY {ent}, time DESC "
-            f"ON CONFLICT ({ent}) DO UPDATE SET time = EXCLUDED.time, {latest_merge} "
-            f"WHERE l.time <= EXCLUDED.time"
-        )
-        self.names = names
+            f"SELECT DISTINCT ON ({ent}) {cols} FROM {stage} ORDER BY {ent}, time DESC "
+            f"ON CONFLICT ({ent}) DO UPDATE SET {latest} WHERE l.time <= EXCLUDED.time"
+        ),
+    )
 
 
-SQL = {name: _Sql(kind) for name, kind in KINDS.items()}
-NARROW_STAGE = "bw_stage_narrow"
+def _rows(frame: Frame, ids: list, names: tuple[str, ...]):
+    """Row tuples for COPY; rows for the same entity and time are merged (later values win)."""
+    cols = [frame.values[n] for n in names]
+    keys = list(zip(ids, frame.times, strict=True))
+    if len(set(keys)) == len(keys):
+        return zip(ids, frame.times, *cols, strict=True)
+    merged: dict[tuple, list] = {}
+    for i, key in enumerate(keys):
+        row = merged.setdefault(key, [None] * len(names))
+        for j, col in enumerate(cols):
+            if col[i] is not None:
+                row[j] = col[i]
+    return ((eid, t, *vals) for (eid, t), vals in merged.items())
 
 
-def _rows(records: list[Record], ids: list, names: list[str]) -> list[tuple]:
-    """Wide rows, merging records for the same entity and time (later values win)."""
-    merged: dict[tuple, dict] = {}
-    for r, entity_id in zip(records, ids, strict=True):
-        key = (entity_id, r.time)
-        if key in merged:
-            merged[key].update(r.values)
-        else:
-            merged[key] = dict(r.values)
-    return [(eid, t, *map(vals.get, names)) for (eid, t), vals in merged.items()]
-
-
-def _copy_rows(cur, sql: _Sql, rows: list[tuple]) -> None:
-    cur.execute(sql.create_stage)
-    # The stage is emptied at commit; inside one long transaction (tests, retries) it is
-    # emptied here too, so a stage never leaks rows into the next batch.
-    cur.execute(f"TRUNCATE {sql.stage}")
-    with cur.copy(sql.copy) as cp:
-        cp.set_types(sql.types)
-        for row in rows:
-            cp.write_row(row)
-
-
-def _insert_staged(cur, sql: _Sql) -> None:
-    try:
-        with transaction.atomic():
-            cur.execute(sql.insert)
-    except (IntegrityError, psycopg.errors.UniqueViolation):
-        cur.execute(sql.merge)
-    cur.execute(sql.latest)
-
-
-def _write_kind(kind: str, records: list[Record], ids: list) -> int:
-    sql = SQL[kind]
-    rows = _rows(records, ids, sql.names)
+def _write_frame(frame: Frame, ids: list) -> int:
+    spec = KINDS[frame.kind]
+    names = tuple(f.name for f in spec.fields if f.name in frame.values)
+    sql = _sql(frame.kind, names)
     with connection.cursor() as cur:
-        _copy_rows(cur, sql, rows)
-        _insert_staged(cur, sql)
-    return len(rows)
+        cur.execute(sql.create_stage)
+        # The stage is emptied at commit; inside one long transaction (tests, several frames
+        # of a kind) it is emptied here too, so a stage never leaks rows into the next frame.
+        cur.execute(f"TRUNCATE {sql.stage}")
+        with cur.copy(sql.copy) as cp:
+            cp.set_types(sql.types)
+            for row in _rows(frame, ids, names):
+                cp.write_row(row)
+        rows = cur.rowcount
+        try:
+            with transaction.atomic():
+                cur.execute(sql.insert)
+        except (IntegrityError, psycopg.errors.UniqueViolation):
+            cur.execute(sql.merge)
+        cur.execute(sql.latest)
+    return rows
+
+
+def _narrow_rows(frame: Frame, ids: list) -> list[tuple]:
+    out = []
+    for name, col in frame.extra.items():
+        out.extend(
+            (frame.kind, eid, name, t, float(v))
+            for eid, t, v in zip(ids, frame.times, col, strict=True) if v is not None
+        )
+    return out
 
 
 def _write_narrow(entries: list[tuple]) -> int:
@@ -134,54 +149,43 @@ def _write_narrow(entries: list[tuple]) -> int:
         return 0
     dedup = {e[:4]: e for e in entries}
     with connection.cursor() as cur:
-        cur.execute(
-            f"CREATE TEMP TABLE IF NOT EXISTS {NARROW_STAGE} (LIKE telemetry_narrow_sample) ON COMMIT DELETE ROWS"
-        )
+        cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {NARROW_STAGE} (LIKE telemetry_narrow_sample) ON COMMIT DELETE ROWS")
         cur.execute(f"TRUNCATE {NARROW_STAGE}")
-        with cur.copy(
-            f"COPY {NARROW_STAGE} (entity_kind, entity_id, field, time, value) FROM STDIN (FORMAT BINARY)"
-        ) as cp:
+        with cur.copy(f"COPY {NARROW_STAGE} (entity_kind, entity_id, field, time, value) FROM STDIN (FORMAT BINARY)") as cp:
             cp.set_types(["text", "int4", "text", "timestamptz", "float8"])
             for row in dedup.values():
                 cp.write_row(row)
         cur.execute(
-            "INSERT INTO telemetry_narrow_sample SELECT * FROM bw_stage_narrow "
+            f"INSERT INTO telemetry_narrow_sample SELECT * FROM {NARROW_STAGE} "
             "ON CONFLICT (entity_kind, entity_id, field, time) DO UPDATE SET value = EXCLUDED.value"
         )
     return len(dedup)
 
 
-def _resolve(batch: Batch, resolver: Resolver) -> dict[str, tuple[list[Record], list]]:
-    out = {}
-    recs = batch.records
-    if recs["gpu"]:
-        resolver.gpus(recs["gpu"])
-        out["gpu"] = (recs["gpu"], [resolver.get("gpu", r.ident["uuid"]) for r in recs["gpu"]])
-    if recs["mig"]:
-        resolver.migs(recs["mig"])
-        out["mig"] = (recs["mig"], [resolver.get("mig", resolver.mig_key(r)) for r in recs["mig"]])
-    if recs["port"]:
-        kept = resolver.ports(recs["port"], batch)
-        out["port"] = (kept, [resolver.get("port", resolver.port_owner(r) + (r.ident["port"],)) for r in kept])
-    if recs["power"]:
-        kept = resolver.power(recs["power"], batch)
-        out["power"] = (kept, [resolver.get("power", r.ident["device"]) for r in kept])
-    return out
+def _resolve(kind: str, frame: Frame, resolver: Resolver, batch: Batch) -> tuple[Frame, list]:
+    if kind == "gpu":
+        return frame, resolver.gpu_ids(frame)
+    if kind == "mig":
+        return frame, resolver.mig_ids(frame)
+    if kind == "port":
+        return resolver.port_ids(frame, batch)
+    return resolver.power_ids(frame, batch)
 
 
 def write_batch(batch: Batch, *, collector: str, fmt: str, body_bytes: int = 0) -> WriteResult:
     """Write a validated batch in one transaction and return the acknowledgement."""
     t0 = time.perf_counter()
-    result = WriteResult(str(uuid.uuid4()), 0, batch.rejected, batch.rejections)
+    result = WriteResult(str(uuid.uuid4()), 0, 0, batch.rejections)
     with transaction.atomic():
         resolver = Resolver()
-        resolved = _resolve(batch, resolver)
         narrow = []
-        for kind, (records, ids) in resolved.items():
-            if records:
-                result.rows[kind] = _write_kind(kind, records, ids)
-            result.accepted += sum(len(r.values) for r in records)
-            narrow.extend((kind, eid, k, r.time, float(v)) for r, eid in zip(records, ids, strict=True) for k, v in r.extra.items())
+        for kind, frames in batch.frames().items():
+            for frame in frames:
+                frame, ids = _resolve(kind, frame, resolver, batch)
+                if frame.n:
+                    result.rows[kind] = result.rows.get(kind, 0) + _write_frame(frame, ids)
+                    result.accepted += sum(len(c) - c.count(None) for c in frame.values.values())
+                    narrow.extend(_narrow_rows(frame, ids))
         result.rows["narrow"] = _write_narrow(narrow)
         result.accepted += len(narrow)
         result.rejected = batch.rejected

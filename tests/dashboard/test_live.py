@@ -135,6 +135,23 @@ def test_throttle_is_shared_by_every_process(_free_throttle):
     assert _receive_one_group_message(timeout=3)["gpus"]["total"] == 1
 
 
+def test_trailing_publish_that_fires_before_its_slot_expires_waits_again(_free_throttle):
+    _free_throttle.set(live.THROTTLE_KEY, b"slot-we-waited-for", px=live.THROTTLE_MS)
+    make_gpu(**HEALTHY)
+
+    live._publish_trailing(b"slot-we-waited-for")  # as if its timer fired a hair early
+
+    assert _receive_one_group_message(timeout=3)["gpus"]["total"] == 1
+
+
+def test_trailing_publish_stands_down_when_a_later_slot_covers_it(_free_throttle):
+    _free_throttle.set(live.THROTTLE_KEY, b"a-later-slot", px=live.THROTTLE_MS)
+
+    live._publish_trailing(b"the-slot-we-waited-for")
+
+    assert live._trailing is None
+
+
 def test_schedule_publishes_after_commit_only():
     with transaction.atomic():
         make_gpu(**HEALTHY)

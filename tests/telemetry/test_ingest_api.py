@@ -200,3 +200,63 @@ def test_unknown_switch_port_rejected_per_record(post):
 def test_node_first_seen_by_port_is_unplaced(post):
     post({"ports": [{"host": "ib-only-host", "port": "mlx5_0/1", "time": T0.isoformat(), "fields": {"symbol_errors": 0}}]})
     assert Node.objects.get(hostname="ib-only-host").rack is None
+
+
+def _columns(n, t=T0, **fields):
+    return {"host": [f"node-{i // 8}" for i in range(n)], "uuid": [f"GPU-c{i}" for i in range(n)],
+            "index": [i % 8 for i in range(n)], "time": t.isoformat(), "fields": fields}
+
+
+def test_columnar_batch_matches_row_batch(post):
+    resp = post({"gpus": _columns(16, gpu_util=[float(i) for i in range(16)], energy_mj=[1000.0 + i for i in range(16)])})
+    assert resp.status_code == 200, resp.content
+    assert resp.json()["accepted"] == 32
+    with connection.cursor() as cur:
+        cur.execute("SELECT g.uuid, s.gpu_util, s.energy_mj FROM telemetry_gpu_sample s "
+                    "JOIN telemetry_gpu g ON g.id = s.gpu_id WHERE g.uuid = 'GPU-c5'")
+        assert cur.fetchall() == [("GPU-c5", 5.0, 1005)]
+    assert Node.objects.count() == 2
+
+
+def test_columnar_nan_strings_and_nulls_counted_per_sample(post):
+    resp = post({"gpus": _columns(3, gpu_util=[1.0, "NaN", None], gpu_temp=[40, 41, 42])})
+    assert resp.status_code == 200, resp.content
+    data = resp.json()
+    assert data["accepted"] == 4 and data["rejected"] == 1
+    assert data["rejections"][0]["where"] == "$.gpus.fields.gpu_util[1]"
+
+
+def test_columnar_bad_value_names_row(post):
+    resp = post({"gpus": _columns(3, gpu_util=[1.0, 2.0, "hot"])})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["where"] == "$.gpus.fields.gpu_util[2]"
+    assert _count("telemetry_gpu_sample") == 0
+
+
+def test_columnar_length_mismatch_is_400(post):
+    resp = post({"gpus": _columns(3, gpu_util=[1.0, 2.0])})
+    assert resp.status_code == 400 and resp.json()["error"]["where"] == "$.gpus.fields.gpu_util"
+
+
+def test_columnar_future_rows_rejected(post):
+    cols = _columns(2, gpu_util=[1.0, 2.0])
+    cols["time"] = [T0.isoformat(), (T0 + timedelta(hours=1)).isoformat()]
+    resp = post({"gpus": cols})
+    assert resp.status_code == 200 and resp.json()["rejected"] == 1
+    assert _count("telemetry_gpu_sample") == 1
+
+
+def test_rebuild_latest_refills_an_emptied_table(post):
+    from django.utils import timezone
+
+    from telemetry.actions import do_rebuild_latest
+
+    now = timezone.now().replace(microsecond=0)
+    assert post({"gpus": [_gpu("GPU-1", t=now - timedelta(seconds=20), gpu_util=1.0),
+                           _gpu("GPU-1", t=now - timedelta(seconds=10), gpu_util=2.0)]}).status_code in (200,)
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE telemetry_gpu_sample_latest")  # what a crash does to an UNLOGGED table
+    assert do_rebuild_latest(timedelta(hours=1))["gpu"] == 1
+    with connection.cursor() as cur:
+        cur.execute("SELECT gpu_util FROM telemetry_gpu_sample_latest")
+        assert cur.fetchall() == [(2.0,)]

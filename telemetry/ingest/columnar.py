@@ -1,0 +1,145 @@
+"""The columnar form of a JSON batch: one object of equal-length arrays per entity kind.
+
+    "gpus": {"host": ["gpu-0001", …], "uuid": ["GPU-…", …], "index": [0, …],
+             "time": "2026-11-30T12:00:00Z"  (or one time per row),
+             "fields": {"gpu_util": [97, 12, …], "power_w": [655.1, null, …]},
+             "extra": {"DCGM_FI_DEV_VGPU_LICENSE_STATUS": [0, 0, …]}}
+
+It carries the same information as a list of records at a fraction of the bytes, and it is
+validated a column at a time, so a fleet-wide push costs C-speed set and sum operations instead
+of a Python loop over every value. Problems are named by path and row: `$.gpus.fields.gpu_util[17]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from telemetry.fields import KINDS
+from telemetry.ingest.schema import IDENTITY, NON_FINITE_STRINGS, Batch, BatchError, Frame, TimeParser
+
+_NUMERIC = frozenset({int, float, type(None)})
+_INT64 = 2**63
+
+
+def _length(cols: dict, where: str) -> int:
+    lengths = {len(v) for v in cols.values() if isinstance(v, list)}
+    if len(lengths) != 1:
+        raise BatchError(where, f"every column must be an array of the same length, got lengths {sorted(lengths)}")
+    return lengths.pop()
+
+
+def _ident_columns(kind: str, cols: dict, n: int, where: str) -> dict[str, list]:
+    required, optional = IDENTITY[kind]
+    out = {}
+    for key, typ in {**required, **optional}.items():
+        col = cols.get(key)
+        if col is None:
+            if key in required:
+                raise BatchError(f"{where}.{key}", "required column is missing")
+            continue
+        if not isinstance(col, list) or len(col) != n:
+            raise BatchError(f"{where}.{key}", f"must be an array of {n}")
+        allowed = {typ} if key in required else {typ, type(None)}
+        if not set(map(type, col)) <= allowed:
+            bad = next(i for i, v in enumerate(col) if type(v) not in allowed)
+            raise BatchError(f"{where}.{key}[{bad}]", f"must be {typ.__name__}, got {col[bad]!r}")
+        if typ is str and key in required and not all(map(str.strip, col)):
+            bad = next(i for i, v in enumerate(col) if not v.strip())
+            raise BatchError(f"{where}.{key}[{bad}]", "must not be empty")
+        out[key] = col
+    unknown = set(cols) - set(required) - set(optional) - {"time", "fields", "extra"}
+    if unknown:
+        raise BatchError(f"{where}.{sorted(unknown)[0]}", f"unknown column for {kind}")
+    if kind == "port" and ("host" in out) == ("switch" in out):
+        raise BatchError(where, "port columns name exactly one of 'host' or 'switch'")
+    return out
+
+
+def _clean_strings(col: list, where: str, batch: Batch) -> list:
+    """NaN/Inf spelled as strings are rejected per sample; any other string is an error."""
+    out = list(col)
+    for i, v in enumerate(col):
+        if isinstance(v, str):
+            if v.strip().lower() not in NON_FINITE_STRINGS:
+                raise BatchError(f"{where}[{i}]", f"must be a number, got {v!r}")
+            batch.reject(f"{where}[{i}]", f"non-finite value {v!r}")
+            out[i] = None
+    return out
+
+
+def _numeric_column(col, is_int: bool, where: str, batch: Batch) -> list:
+    if not isinstance(col, list):
+        raise BatchError(where, f"must be an array, got {type(col).__name__}")
+    types = set(map(type, col))
+    if str in types:
+        col, types = _clean_strings(col, where, batch), types - {str}
+    if not types <= _NUMERIC:
+        bad = next(i for i, v in enumerate(col) if type(v) not in _NUMERIC)
+        raise BatchError(f"{where}[{bad}]", f"must be a number, got {col[bad]!r}")
+    present = [v for v in col if v is not None] if type(None) in types else col
+    try:
+        finite = math.isfinite(sum(present))
+    except OverflowError:
+        finite = False
+    if not finite:
+        col = list(col)
+        for i, v in enumerate(col):
+            if v is not None and not math.isfinite(v):
+                batch.reject(f"{where}[{i}]", f"non-finite value {v!r}")
+                col[i] = None
+    if is_int:
+        col = _int_column(col, types, where)
+    return col
+
+
+def _int_column(col: list, types: set, where: str) -> list:
+    if float in types:
+        col = [None if v is None else int(round(v)) for v in col]
+    present = [v for v in col if v is not None]
+    if present and not (-_INT64 <= min(present) and max(present) < _INT64):
+        bad = next(i for i, v in enumerate(col) if v is not None and not -_INT64 <= v < _INT64)
+        raise BatchError(f"{where}[{bad}]", f"{col[bad]} does not fit a 64-bit counter")
+    return col
+
+
+def _value_columns(kind: str, raw, n: int, where: str, batch: Batch, *, registry: bool) -> dict[str, list]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BatchError(where, f"must be an object of field: array, got {type(raw).__name__}")
+    known = KINDS[kind].by_name
+    out = {}
+    for name, col in raw.items():
+        if registry and name not in known:
+            raise BatchError(f"{where}.{name}", f"unknown {kind} field (put unmapped fields in 'extra')")
+        if isinstance(col, list) and len(col) != n:
+            raise BatchError(f"{where}.{name}", f"has {len(col)} values for {n} rows")
+        out[name] = _numeric_column(col, registry and known[name].is_int, f"{where}.{name}", batch)
+    return out
+
+
+def _times(raw, n: int, where: str, times: TimeParser) -> list:
+    if isinstance(raw, list):
+        if len(raw) != n:
+            raise BatchError(where, f"has {len(raw)} times for {n} rows")
+        return [times.now if t is None else times.parse(t, f"{where}[{i}]") for i, t in enumerate(raw)]
+    return [times.now if raw is None else times.parse(raw, where)] * n
+
+
+def add_columns(batch: Batch, kind: str, cols: dict, where: str, times: TimeParser, default_time) -> None:
+    """Validate a columnar collection and add it to the batch as one frame."""
+    n = _length({k: v for k, v in cols.items() if k not in ("fields", "extra", "time")}, where)
+    ident = _ident_columns(kind, cols, n, where)
+    tcol = _times(cols.get("time", default_time), n, f"{where}.time", times)
+    values = _value_columns(kind, cols.get("fields"), n, f"{where}.fields", batch, registry=True)
+    extra = _value_columns(kind, cols.get("extra"), n, f"{where}.extra", batch, registry=False)
+    frame = Frame(kind, n, ident, tcol, values, extra)
+    bad = [i for i, t in enumerate(set(tcol)) if times.problem(t)] if len(set(tcol)) > 0 else []
+    if bad:
+        keep = [i for i, t in enumerate(tcol) if not times.problem(t)]
+        for i in set(range(n)) - set(keep):
+            row = frame.take([i])
+            batch.reject(f"{where}[{i}]", times.problem(tcol[i]), row.sample_count)
+        frame = frame.take(keep)
+    if frame.n:
+        batch.columnar[kind].append(frame)
