@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection
@@ -56,7 +56,7 @@ class Series:
     kind: str
     field: str
     step: timedelta | None
-    points: list[Point] = field(default_factory=list)
+    points: list[Point]
     band: list[tuple[float | None, float | None]] | None = None
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from datetime import datetime
 
 from celery import shared_task
+from django.db import OperationalError
 
 from telemetry import rollups
 
@@ -26,6 +27,7 @@ def _parse_now(now: str | None) -> datetime | None:
     return parsed
 
 
+# No retries: beat runs the next pass in 30 s, which is the retry.
 @shared_task(name="telemetry.tasks.run_rollups", acks_late=True)
 def run_rollups(now: str | None = None) -> list[dict]:
     """Fill the 1m and 1h rollups up to `now` (default: the current time)."""
@@ -33,12 +35,37 @@ def run_rollups(now: str | None = None) -> list[dict]:
     return [{**asdict(r), "done_until": r.done_until and r.done_until.isoformat()} for r in runs]
 
 
-@shared_task(name="telemetry.tasks.apply_retention", acks_late=True)
+# Hourly, so a dropped database connection is worth a few bounded retries before the next run.
+@shared_task(
+    name="telemetry.tasks.apply_retention", acks_late=True,
+    autoretry_for=(OperationalError,), max_retries=3, retry_backoff=30,
+)
 def apply_retention(now: str | None = None) -> dict[str, int]:
     """Drop chunks past their retention; returns the chunks dropped per table."""
     return rollups.apply_retention(_parse_now(now))
 
 
 # --- Scraping --------------------------------------------------------------------------------
-# `telemetry.tasks.scrape_targets` (beat: every 15 s) goes here: it pulls the enabled
-# ScrapeTarget endpoints through the ingest path.
+@shared_task(name="telemetry.tasks.scrape_targets", acks_late=True)
+def scrape_targets() -> int:
+    """Fan out one scrape task per enabled dcgm-exporter target; returns how many were queued."""
+    from telemetry.models import ScrapeTarget
+
+    ids = list(ScrapeTarget.objects.filter(enabled=True).values_list("id", flat=True))
+    for target_id in ids:
+        scrape_one.delay(target_id)
+    return len(ids)
+
+
+# A scrape older than one beat interval is worthless: the next beat brings a fresher one.
+@shared_task(name="telemetry.tasks.scrape_one", acks_late=True, expires=15)
+def scrape_one(target_id: int) -> int:
+    """Scrape one target through the ingest path; returns the samples stored (0 on error)."""
+    from telemetry.ingest.scrape import scrape_target
+    from telemetry.models import ScrapeTarget
+
+    target = ScrapeTarget.objects.filter(pk=target_id, enabled=True).first()
+    if target is None:
+        return 0
+    result = scrape_target(target)
+    return result.accepted if result else 0

@@ -137,6 +137,12 @@ def test_watermark_starts_at_first_data_and_advances_with_now():
 
 
 @pytest.mark.django_db
+def test_naive_now_is_rejected():
+    with pytest.raises(ValueError, match="naive"):
+        run_rollups(datetime(2026, 11, 30, 12, 0))  # noqa: DTZ001 - the point of the test
+
+
+@pytest.mark.django_db
 def test_watermark_without_data_starts_now():
     run_rollups(NOW + 30 * SEC)
     assert _mark("gpu_1m") == NOW and _mark("narrow_1h") == NOW

@@ -72,3 +72,14 @@ def test_scrape_of_closed_port_is_recorded():
     assert scrape.scrape_target(target) is None
     target.refresh_from_db()
     assert "cannot fetch" in target.last_error
+
+
+def test_scrape_task_skips_disabled_targets(exporter):
+    from telemetry.tasks import scrape_one
+
+    base, _ = exporter
+    target = ScrapeTarget.objects.create(url=f"{base}/metrics", enabled=False)
+    assert scrape_one(target.id) == 0
+    target.enabled = True
+    target.save()
+    assert scrape_one(target.id) > 0
