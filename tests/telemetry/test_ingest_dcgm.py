@@ -9,10 +9,10 @@ import pytest
 from django.db import connection
 
 from telemetry.actions import do_create_collector_token
-from tests.conftest import FIXED_NOW
+from tests.conftest import FIXED_NOW, SHARED_DATA
 
 pytestmark = pytest.mark.django_db(transaction=True)
-CAPTURES = sorted((p.name, p) for p in __import__("pathlib").Path(__file__).parents[3].joinpath("shared", "data", "dcgm").glob("*/*.prom"))
+CAPTURES = sorted((p.name, p) for p in (SHARED_DATA / "dcgm").glob("*/*.prom"))
 
 
 @pytest.fixture(autouse=True)
