@@ -3,14 +3,14 @@ simulator).
 
 For each frame (one entity kind, in columns), in ONE transaction:
   1. resolve entity ids (registering unseen GPUs and nodes, unplaced);
-  2. binary COPY the rows, only the columns present, into a per-connection TEMP staging table
-     (no WAL, no indexes);
-  3. INSERT the staged rows into the hypertable — plain INSERT first; if the batch overlaps rows
-     already stored (a re-send, or two collectors reporting the same GPU at the same instant),
-     the savepoint is rolled back and the rows are merged with ON CONFLICT, filling only the
+  2. binary COPY the rows, only the columns present, straight into the hypertable inside a
+     savepoint — the common case costs exactly one COPY;
+  3. if the frame overlaps rows already stored (a re-send, or two collectors reporting the same
+     GPU at the same instant), the savepoint is rolled back, the rows are COPYed into a
+     per-connection TEMP staging table instead and merged with ON CONFLICT, filling only the
      fields that were missing, so a re-sent batch is harmless;
-  4. upsert the last-value table from the same staging rows, newest time per entity winning and
-     fields this frame did not carry keeping their last value;
+  4. upsert the last-value table from the rows just written (found by primary key), newest time
+     per entity winning and fields this frame did not carry keeping their last value;
 then the narrow table for unmapped fields, one row in the ingest log, and one live publish
 scheduled for after the commit. Nothing is acknowledged before the commit.
 """
@@ -65,8 +65,8 @@ class _Sql:
     stage: str
     types: list[str]
     create_stage: str
+    copy_direct: str
     copy: str
-    insert: str
     merge: str
     latest: str
 
@@ -84,12 +84,16 @@ def _sql(kind_name: str, names: tuple[str, ...]) -> _Sql:
         stage=stage,
         types=["int4", "timestamptz"] + [COPY_TYPES[spec[n].sql_type] for n in names],
         create_stage=f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {kind.table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
+        copy_direct=f"COPY {kind.table} ({cols}) FROM STDIN (FORMAT BINARY)",
         copy=f"COPY {stage} ({cols}) FROM STDIN (FORMAT BINARY)",
-        insert=f"INSERT INTO {kind.table} ({cols}) SELECT {cols} FROM {stage}",
         merge=f"INSERT INTO {kind.table} AS t ({cols}) SELECT {cols} FROM {stage} ON CONFLICT ({ent}, time) DO UPDATE SET {merge}",
+        # The newest written row per entity, looked up by primary key from the arrays of
+        # (entity, newest time) the writer passes in.
         latest=(
             f"INSERT INTO {kind.latest_table} AS l ({cols}) "
-            f"SELECT DISTINCT ON ({ent}) {cols} FROM {stage} ORDER BY {ent}, time DESC "
+            f"SELECT {', '.join('s.' + c for c in [ent, 'time', *names])} "
+            f"FROM unnest(%s::int[], %s::timestamptz[]) AS k(e, t) "
+            f"JOIN {kind.table} s ON s.{ent} = k.e AND s.time = k.t "
             f"ON CONFLICT ({ent}) DO UPDATE SET {latest} WHERE l.time <= EXCLUDED.time"
         ),
     )
@@ -110,27 +114,42 @@ def _rows(frame: Frame, ids: list, names: tuple[str, ...]):
     return ((eid, t, *vals) for (eid, t), vals in merged.items())
 
 
+def _copy(cur, sql_text: str, types: list[str], rows) -> None:
+    with cur.copy(sql_text) as cp:
+        cp.set_types(types)
+        for row in rows:
+            cp.write_row(row)
+
+
+def _newest(ids: list, times: list) -> tuple[list, list]:
+    """(entity, newest time) pairs for the last-value upsert."""
+    if len(set(times)) == 1:
+        return list(dict.fromkeys(ids)), [times[0]] * len(dict.fromkeys(ids))
+    newest: dict = {}
+    for eid, t in zip(ids, times, strict=True):
+        if eid not in newest or t > newest[eid]:
+            newest[eid] = t
+    return list(newest), list(newest.values())
+
+
 def _write_frame(frame: Frame, ids: list) -> int:
     spec = KINDS[frame.kind]
     names = tuple(f.name for f in spec.fields if f.name in frame.values)
     sql = _sql(frame.kind, names)
+    rows = list(_rows(frame, ids, names))
     with connection.cursor() as cur:
-        cur.execute(sql.create_stage)
-        # The stage is emptied at commit; inside one long transaction (tests, several frames
-        # of a kind) it is emptied here too, so a stage never leaks rows into the next frame.
-        cur.execute(f"TRUNCATE {sql.stage}")
-        with cur.copy(sql.copy) as cp:
-            cp.set_types(sql.types)
-            for row in _rows(frame, ids, names):
-                cp.write_row(row)
-        rows = cur.rowcount
         try:
             with transaction.atomic():
-                cur.execute(sql.insert)
+                _copy(cur, sql.copy_direct, sql.types, rows)
         except (IntegrityError, psycopg.errors.UniqueViolation):
+            cur.execute(sql.create_stage)
+            # The stage is emptied at commit; inside one long transaction (tests, several
+            # frames of a kind) it is emptied here too, so it never leaks rows into the next.
+            cur.execute(f"TRUNCATE {sql.stage}")
+            _copy(cur, sql.copy, sql.types, rows)
             cur.execute(sql.merge)
-        cur.execute(sql.latest)
-    return rows
+        cur.execute(sql.latest, list(_newest([r[0] for r in rows], [r[1] for r in rows])))
+    return len(rows)
 
 
 def _narrow_rows(frame: Frame, ids: list) -> list[tuple]:

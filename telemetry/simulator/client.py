@@ -116,7 +116,8 @@ class IngestClient:
     def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+            https = self.scheme == "https"
+            cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
             conn = self._local.conn = cls(self.host, self.port, timeout=self.timeout)
         return conn
 
@@ -158,13 +159,15 @@ class IngestClient:
         doc = _json(payload)
         if status == 200:
             result.ok, result.error = True, ""
-            result.accepted, result.rejected = int(doc.get("accepted", 0)), int(doc.get("rejected", 0))
+            result.accepted = int(doc.get("accepted", 0))
+            result.rejected = int(doc.get("rejected", 0))
             details = doc.get("rejections") or [{}]
             if result.rejected and isinstance(details[0], dict):
                 result.rejection = str(details[0].get("reason", ""))
             return None
         err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
-        result.error = f"HTTP {status} {err.get('code', '')}: {err.get('message', payload[:200])}".strip()
+        message = err.get("message", payload[:200].decode(errors="replace"))
+        result.error = f"HTTP {status} {err.get('code', '')}: {message}"
         if status in (401, 403):
             raise AuthError(result.error)
         if status in RETRYABLE:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from telemetry.simulator import faults as F
-from telemetry.simulator.facility import NODE_DOWN_W, Facility, node_power
 from telemetry.simulator.fabric import Fabric
+from telemetry.simulator.facility import NODE_DOWN_W, Facility, node_power
 from telemetry.simulator.gpus import SimGpu, alphas
 from telemetry.simulator.jobs import KINDS, Scheduler, make_job
 from telemetry.simulator.topology import Layout, build_layout
@@ -113,7 +113,8 @@ class Cluster:
         for job in self.scheduler.jobs.values():
             job.activity(t)
         inlets = self.facility.inlets(t, dt)
-        batches = [{"rack": r.name, "gpus": [], "ports": [], "power": []} for r in self.layout.racks]
+        batches = [{"rack": r.name, "gpus": [], "ports": [], "power": []}
+                   for r in self.layout.racks]
         rack_watts, node_bps, node_cross = self._advance_gpus(t, dt, inlets, batches, first)
         self.fabric.step(dt, node_bps, node_cross)
         self.fabric.records(batches)
@@ -179,6 +180,7 @@ class Cluster:
         for i in self.maintenance.sample(rng, dt):
             if i not in self.down_until and i not in self.reboot_at:
                 self.reboot_at[i] = (t + rng.uniform(0, dt), "maintenance")
+                self.scheduler.unavailable.add(i)
         return events + self.fabric.faults(dt)
 
     def _reporting(self, i: int, g: SimGpu) -> bool:
@@ -202,7 +204,9 @@ class Cluster:
         if job is not None:
             events.append(self.scheduler.finish(job, t, f"killed by XID {code} on {g.host}"))
         if effect in F.REBOOT_AFTER_S and i not in self.reboot_at:
-            self.reboot_at[i] = (t + self.rng.uniform(*F.REBOOT_AFTER_S[effect]), f"after XID {code}")
+            at = t + self.rng.uniform(*F.REBOOT_AFTER_S[effect])
+            self.reboot_at[i] = (at, f"after XID {code}")
+            self.scheduler.unavailable.add(i)  # drained until the reboot
         return events
 
     def _reboots(self, t: float) -> list[str]:
@@ -243,7 +247,8 @@ class Cluster:
         self.fabric.node_up(i)
 
     # --- for tests and demonstrations -----------------------------------------------------------
-    def start_job(self, hostnames: list[str], kind: str, now: datetime, *, minutes: float = 60) -> int:
+    def start_job(self, hostnames: list[str], kind: str, now: datetime, *,
+                  minutes: float = 60) -> int:
         """Start a job of `kind` (one of jobs.KINDS) on the named idle nodes; returns its id."""
         if kind not in KINDS:
             raise ValueError(f"unknown job kind {kind!r}; one of {', '.join(KINDS)}")

@@ -40,7 +40,8 @@ class SimPort:
     __slots__ = ("key", "owner", "name", "rack", "peer", "node", "c", "tx", "rx", "bias", "hot",
                  "marginal", "state")
 
-    def __init__(self, key: str, owner: str, name: str, rack: int, bias: float, counters: list[int]):
+    def __init__(self, key: str, owner: str, name: str, rack: int, bias: float,
+                 counters: list[int]):
         self.key, self.owner, self.name, self.rack = key, owner, name, rack
         self.peer: SimPort | None = None
         self.node = -1  # node index, for HCA ports
@@ -52,7 +53,7 @@ class SimPort:
         self.state = STATE_ACTIVE
 
     def record(self) -> dict:
-        fields = dict(zip(PORT_COUNTERS, self.c))
+        fields = dict(zip(PORT_COUNTERS, self.c, strict=True))
         fields["link_speed_gbps"] = PORT_SPEED_GBPS
         fields["link_state"] = self.state
         return {self.key: self.owner, "port": self.name, "fields": fields}
@@ -76,7 +77,8 @@ class Fabric:
         self._switch_rack = self._switch_racks(layout)
         self.hca: list[list[SimPort]] = []
         for i, node in enumerate(layout.nodes):
-            ports = [self._port("host", node.hostname, h.name, node.rack, uptimes[i]) for h in node.hcas]
+            ports = [self._port("host", node.hostname, h.name, node.rack, uptimes[i])
+                     for h in node.hcas]
             for p in ports:
                 p.node = i
             self.hca.append(ports)
@@ -129,7 +131,7 @@ class Fabric:
         self.symbol_events = EventSource(
             every, [SYMBOL_MARGINAL_PER_H if p.marginal else SYMBOL_PER_H for p in every]
         )
-        marginal = [p for p in every if p.marginal]
+        marginal = [p for ports in self.leaf_down.values() for p in ports if p.marginal]  # one end
         self.flap_events = EventSource(marginal, [FLAP_MARGINAL_PER_H] * len(marginal))
 
     def node_down(self, i: int) -> None:

@@ -56,6 +56,8 @@ class Facility:
         self.loop_offset = [rng.uniform(-0.4, 0.4) for _ in layout.loops]
         self.supply = [SUPPLY_SETPOINT_C + o for o in self.loop_offset]
         self.flow = [600.0 for _ in layout.loops]
+        # Each CDU is tuned a little differently around the design rise.
+        self.design_rise = [DESIGN_RISE_K + rng.uniform(-1.5, 1.5) for _ in layout.loops]
         # A/B feeds never split a rack's load exactly in half.
         imbalance = [rng.uniform(-0.03, 0.03) for _ in layout.racks]
         self.pdu_share = [0.5 + (imbalance[r] if name.endswith("-a") else -imbalance[r])
@@ -92,9 +94,9 @@ class Facility:
 
     def _loop(self, t: float, dt: float, k: int, it_w: float, racks: int) -> dict:
         heat = it_w * LIQUID_SHARE
-        want = min(3000.0, max(150.0, heat / (WATER_J_PER_L_K * DESIGN_RISE_K) * 60))
+        want = min(3000.0, max(150.0, heat / (WATER_J_PER_L_K * self.design_rise[k]) * 60))
         a = 1.0 if not self.settled else 1 - math.exp(-dt / TAU_FLOW_S)
-        self.flow[k] += (want - self.flow[k]) * a
+        self.flow[k] += (want - self.flow[k]) * a + self.rng.uniform(-2.0, 2.0)
         rise = heat / (self.flow[k] / 60 * WATER_J_PER_L_K)
         load = min(1.0, it_w / (racks * RACK_POWER_CAP_W))
         # Chillers work harder on a hot afternoon and less efficiently at part load.

@@ -34,7 +34,9 @@ REASON_SW_THERMAL = 0x20
 REASON_HW_THERMAL = 0x40
 
 # Counters that survive a reboot (InfoROM): everything else starts again from zero.
-PERSISTENT = ("ecc_sbe_agg", "ecc_dbe_agg", "remapped_rows_correctable", "remapped_rows_uncorrectable")
+PERSISTENT = (
+    "ecc_sbe_agg", "ecc_dbe_agg", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+)
 VOLATILE = (
     "energy_mj", "ecc_sbe_vol", "ecc_dbe_vol", "nvlink_crc_flit_errors", "nvlink_crc_data_errors",
     "nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_bandwidth", "pcie_replay",
@@ -59,7 +61,7 @@ class SimGpu:
                  uptime_s: float):
         self.host, self.spec, self.weak = host, spec, weak
         self.idle_w = rng.uniform(64, 76)
-        self.eff = rng.uniform(0.96, 1.04)  # silicon lottery: same work, a little more or less power
+        self.eff = rng.uniform(0.96, 1.04)  # silicon lottery: the same work, a little more power
         # A poorly seated heat sink or a blocked cold plate runs hot under load.
         self.rth = rng.uniform(0.074, 0.084) if hot else rng.uniform(0.052, 0.064)
         self.rth_mem = rng.uniform(0.058, 0.068)
@@ -69,7 +71,8 @@ class SimGpu:
         self.temp = self.mem_temp = 30.0
         self.energy_mj = int(uptime_s * rng.uniform(250, 450) * 1000)
         self.ecc_sbe_vol = rng.randrange(0, 3) + (rng.randrange(10, 60) if weak else 0)
-        self.ecc_sbe_agg = self.ecc_sbe_vol + rng.randrange(0, 5) + (rng.randrange(100, 900) if weak else 0)
+        self.ecc_sbe_agg = self.ecc_sbe_vol + rng.randrange(0, 5)
+        self.ecc_sbe_agg += rng.randrange(100, 900) if weak else 0
         self.ecc_dbe_vol = 0
         self.ecc_dbe_agg = 1 if weak and rng.random() < 0.3 else 0
         self.remapped_rows_correctable = self.ecc_sbe_agg // 60
@@ -127,7 +130,8 @@ class SimGpu:
         self.fb_used = int(job.mem * FB_USABLE_MIB * fill * (1 + 0.002 * noise))
         return demand, clock, reasons
 
-    def _record(self, power: float, clock: int, reasons: int, job: Job | None, dt: float, noise: float) -> dict:
+    def _record(self, power: float, clock: int, reasons: int, job: Job | None, dt: float,
+                noise: float) -> dict:
         if job is None:
             util = sm = tensor = dram = fp64 = nvl = 0.0
             pcie_tx, pcie_rx = 2.0e5, 4.5e5
@@ -138,7 +142,8 @@ class SimGpu:
             pcie_tx, pcie_rx = job.pcie_bps * 0.3 * act, job.pcie_bps * act
         self.nvlink_bandwidth += int(2 * nvl * dt / 1024)
         fb = self.fb_used
-        return {"host": self.host, "uuid": self.spec.uuid, "index": self.spec.index, "model": GPU_MODEL,
+        spec = self.spec
+        return {"host": self.host, "uuid": spec.uuid, "index": spec.index, "model": GPU_MODEL,
                 "fields": {
             "gpu_util": round(min(util, 100.0), 1), "mem_copy_util": round(dram * 80, 1),
             "enc_util": 0.0, "dec_util": 0.0, "sm_clock": clock, "mem_clock": MEM_MHZ,
@@ -153,7 +158,8 @@ class SimGpu:
             "nvlink_recovery_errors": self.nvlink_recovery_errors,
             "nvlink_bandwidth": self.nvlink_bandwidth,
             "nvlink_tx_bps": round(nvl), "nvlink_rx_bps": round(nvl * (1 - 0.01 * noise)),
-            "pcie_replay": self.pcie_replay, "pcie_tx_bps": round(pcie_tx), "pcie_rx_bps": round(pcie_rx),
+            "pcie_replay": self.pcie_replay,
+            "pcie_tx_bps": round(pcie_tx), "pcie_rx_bps": round(pcie_rx),
             "throttle_reasons": reasons,
             "remapped_rows_correctable": self.remapped_rows_correctable,
             "remapped_rows_uncorrectable": self.remapped_rows_uncorrectable,

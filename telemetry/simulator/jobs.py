@@ -106,7 +106,8 @@ class Scheduler:
        run from a random start, as a topology-aware scheduler would.
     """
 
-    def __init__(self, rng: random.Random, groups: list[int], *, low: float = 0.40, high: float = 0.90):
+    def __init__(self, rng: random.Random, groups: list[int], *, low: float = 0.40,
+                 high: float = 0.90):
         self.rng = rng
         self.groups = groups  # fabric group of each node
         self.node_job: list[Job | None] = [None] * len(groups)
@@ -132,15 +133,17 @@ class Scheduler:
             attempts -= 1
             if not warm and self.rng.random() < 0.4:
                 continue
-            job = self._submit(t, warm)
+            job = self._submit(t, warm, want)
             misses = 0 if job else misses + 1
             if job and not warm:
                 events.append(f"job {job.id} ({job.kind}, {job.gpus} GPUs) started")
         return events
 
-    def _submit(self, t: float, warm: bool) -> Job | None:
+    def _submit(self, t: float, warm: bool, want: int) -> Job | None:
         kind = self.rng.choices(KIND_NAMES, KIND_WEIGHTS)[0]
         free = len(self.groups) - self.busy - len(self.unavailable)
+        if warm:  # a cluster found mid-day is near its target, not packed by one last big job
+            free = min(free, max(1, want - self.busy))
         sizes = [n for n in KINDS[kind][1] if n <= free]
         if not sizes:
             return None

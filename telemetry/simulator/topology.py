@@ -141,7 +141,8 @@ def check_gpu_count(gpus: int) -> None:
     """Raise ValueError unless `gpus` is a cluster size the layout supports."""
     if not MIN_GPUS <= gpus <= MAX_GPUS or gpus % GPUS_PER_NODE:
         raise ValueError(
-            f"--gpus must be a multiple of {GPUS_PER_NODE} from {MIN_GPUS} to {MAX_GPUS}, got {gpus}"
+            f"--gpus must be a multiple of {GPUS_PER_NODE} from {MIN_GPUS} to {MAX_GPUS}, "
+            f"got {gpus}"
         )
 
 
@@ -209,7 +210,8 @@ def _build_leaves(nodes, racks, switches, links) -> list[int]:
             switches.append(SwitchSpec(_leaf_name(rail, g), "leaf", rail, g, rack, u))
     for n in nodes:
         for hca in n.hcas:
-            links.append((f"{n.hostname}:{hca.name}", f"{_leaf_name(hca.rail, n.group)}:p{n.slot + 1}"))
+            leaf = _leaf_name(hca.rail, n.group)
+            links.append((f"{n.hostname}:{hca.name}", f"{leaf}:p{n.slot + 1}"))
     return [min(NODES_PER_GROUP, len(nodes) - g * NODES_PER_GROUP) for g in range(groups)]
 
 
@@ -227,7 +229,8 @@ def _build_spines(group_sizes: list[int], switches, links) -> None:
         next_port = [1] * per_rail
         for i, (g, up) in enumerate(uplinks):
             k = i % per_rail
-            links.append((f"{_leaf_name(rail, g)}:p{LEAF_DOWN + up + 1}", f"{names[k]}:p{next_port[k]}"))
+            leaf_port = f"{_leaf_name(rail, g)}:p{LEAF_DOWN + up + 1}"
+            links.append((leaf_port, f"{names[k]}:p{next_port[k]}"))
             next_port[k] += 1
 
 

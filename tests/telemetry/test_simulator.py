@@ -20,8 +20,8 @@ from django.core.management import call_command
 from django.db import connection
 
 from telemetry.actions import do_create_collector_token
-from telemetry.fields import COUNTER, GPU_FIELDS, POWER_FIELDS, PORT_FIELDS
-from telemetry.simulator.client import IngestClient
+from telemetry.fields import COUNTER, GPU_FIELDS, PORT_FIELDS, POWER_FIELDS
+from telemetry.simulator.client import IngestClient, Summary
 from telemetry.simulator.dynamics import Cluster
 from telemetry.simulator.gpus import REASON_IDLE
 from telemetry.simulator.runner import Runner, ServerUnavailable
@@ -37,7 +37,8 @@ def _ticks(cluster: Cluster, count: int, start: int = 0):
 
 
 def _gpu(tick, host: str, index: int = 0) -> dict:
-    return next(r["fields"] for r in tick.records("gpus") if r["host"] == host and r["index"] == index)
+    return next(r["fields"] for r in tick.records("gpus")
+                if r["host"] == host and r["index"] == index)
 
 
 def _counter_values(tick) -> dict[tuple, int | float]:
@@ -158,7 +159,8 @@ def test_counters_never_decrease_except_across_a_reboot():
                 assert value < 10_000_000  # energy since boot: one tick's worth
             last[key] = value
     assert reset_seen
-    for name in ("energy_mj", "nvlink_bandwidth", "xmit_data_bytes", "rcv_pkts", "energy_j", "xmit_wait"):
+    for name in ("energy_mj", "nvlink_bandwidth", "xmit_data_bytes", "rcv_pkts", "energy_j",
+                 "xmit_wait"):
         assert grew[name] > 0, name
 
 
@@ -172,7 +174,8 @@ def test_power_follows_utilisation():
     assert min(busy) > 450 and max(busy) <= 700
     assert all(g["throttle_reasons"] & REASON_IDLE for g in gpus if g["gpu_util"] == 0)
     # A rack's two PDUs carry its nodes' GPU power plus the nodes' own overhead.
-    pdus = {r["device"]: r["fields"]["watts"] for r in tick.records("power") if r["device"].startswith("pdu-")}
+    pdus = {r["device"]: r["fields"]["watts"] for r in tick.records("power")
+            if r["device"].startswith("pdu-")}
     for batch in tick.batches:
         gpu_w = sum(r["fields"]["power_w"] for r in batch["gpus"])
         rack_w = pdus[f"pdu-{batch['rack']}-a"] + pdus[f"pdu-{batch['rack']}-b"]
@@ -187,7 +190,8 @@ def test_temperature_lags_power_after_a_job_starts():
     seen = [_gpu(t, "gpu-0001") for t in _ticks(cluster, 30, start=3)]
     temps = [g["gpu_temp"] for g in seen]
     assert seen[0]["power_w"] > 3 * idle["power_w"], "power steps up at once"
-    assert all(b > a for a, b in zip(temps[:10], temps[1:11], strict=True)), "temperature climbs tick by tick"
+    climbing = all(b > a for a, b in zip(temps[:10], temps[1:11], strict=True))
+    assert climbing, "temperature climbs tick by tick"
     rise = temps[-1] - idle["gpu_temp"]
     assert rise > 20
     assert temps[0] - idle["gpu_temp"] < 0.35 * rise, "one tick covers only part of the way"
@@ -237,7 +241,8 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
         data = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).posts += 1
         if type(self).posts == 1:
-            self._answer(503, {"error": {"code": "unavailable", "message": "retry"}}, {"Retry-After": "0"})
+            error = {"error": {"code": "unavailable", "message": "retry"}}
+            self._answer(503, error, {"Retry-After": "0"})
             return
         assert self.headers["Content-Encoding"] == "gzip"
         type(self).bodies.append(orjson.loads(gzip.decompress(data)))
@@ -246,7 +251,9 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
     def _answer(self, status, doc, headers=None):
         payload = orjson.dumps(doc)
         self.send_response(status)
-        for k, v in {"Content-Type": "application/json", "Content-Length": str(len(payload)), **(headers or {})}.items():
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(payload)),
+                   **(headers or {})}
+        for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(payload)
@@ -286,6 +293,30 @@ def test_runner_waits_for_a_server_that_is_not_up():
     assert len(lines) >= 3 and "waiting for the server" in lines[0] and "retrying in" in lines[0]
 
 
+class _SlowClient:
+    """Stands in for the HTTP edge: records tick times, and each request costs 3 s of clock."""
+
+    def __init__(self, clock: list[float]):
+        self.clock, self.times = clock, []
+
+    def send_many(self, bodies):
+        self.times.append(bodies[0]["time"])
+        self.clock[0] += 3
+        return Summary(requests=len(bodies))
+
+
+def test_backfill_catches_up_on_the_time_it_took_then_ticks_live():
+    clock = [FIXED_NOW.timestamp()]
+    client = _SlowClient(clock)
+    runner = Runner(Cluster.build(8), client, interval=INTERVAL, write=lambda line: None,
+                    clock=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    runner.backfill(1)
+    runner.run(2)
+    expected = [(FIXED_NOW + timedelta(seconds=s)).isoformat().replace("+00:00", "Z")
+                for s in range(-60, 40, INTERVAL)]
+    assert client.times == expected, "no gap and no repeat between history and live ticks"
+
+
 # --- end to end through the real ingest API ------------------------------------------------------
 def _count(table: str) -> int:
     with connection.cursor() as cur:
@@ -297,17 +328,19 @@ def _count(table: str) -> int:
 def test_simulate_command_lands_one_tick_in_the_hypertables(live_server, capsys):
     # The command ticks on the real clock; the server checks sample times against the same clock.
     token = do_create_collector_token("simulator-test")
-    call_command("simulate", "--server", live_server.url, "--token", token, "--gpus", "64", "--once",
-                 "--seed", "9")
+    call_command("simulate", "--server", live_server.url, "--token", token, "--gpus", "64",
+                 "--once", "--seed", "9")
     out = capsys.readouterr().out
     assert "64 GPUs on 8 nodes in 1 racks" in out and "topology imported" in out
     line = next(x for x in out.splitlines() if " gpus=64 " in x)
     assert "requests=1 " in line and "rejected=0 " in line and "failed=" not in line
     assert _count("telemetry_gpu_sample") == 64
-    assert _count("telemetry_port_sample") == 4 * 64  # HCAs, leaf downlinks, leaf uplinks, spine ports
+    # HCAs, leaf downlinks, leaf uplinks, spine ports.
+    assert _count("telemetry_port_sample") == 4 * 64
     assert _count("telemetry_power_sample") == 3  # two PDUs and the row's cooling loop
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM telemetry_gpu_sample s JOIN telemetry_gpu g ON g.id = s.gpu_id "
+        cur.execute("SELECT count(*) FROM telemetry_gpu_sample s "
+                    "JOIN telemetry_gpu g ON g.id = s.gpu_id "
                     "JOIN telemetry_node n ON n.id = g.node_id WHERE n.rack_id IS NOT NULL")
         assert cur.fetchone()[0] == 64, "samples land on the GPUs the topology placed"
 
@@ -316,7 +349,8 @@ def test_simulate_command_lands_one_tick_in_the_hypertables(live_server, capsys)
 def test_backfill_sends_history_at_the_interval(live_server, monkeypatch):
     from telemetry.api import views
 
-    monkeypatch.setattr(views, "_times", lambda: views.TimeParser(FIXED_NOW, timedelta(minutes=5), timedelta(days=7)))
+    pinned = views.TimeParser(FIXED_NOW, timedelta(minutes=5), timedelta(days=7))
+    monkeypatch.setattr(views, "_times", lambda: pinned)
     from telemetry.topology import do_import_topology
 
     do_import_topology(topology_document(build_layout(16, seed=9)))

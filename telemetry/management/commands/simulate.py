@@ -52,7 +52,8 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=_positive(int), default=4,
                             help="Requests in flight at once (default 4)")
         parser.add_argument("--wait-timeout", type=float, default=0.0, metavar="SECONDS",
-                            help="Give up if the server does not answer in time (default: wait forever)")
+                            help="Give up if the server does not answer in time "
+                                 "(default: wait forever)")
 
     def handle(self, *args, **opts) -> None:
         token = self._token(opts)
@@ -103,8 +104,9 @@ class Command(BaseCommand):
         s = layout.summary()
         self.stdout.write(
             f"simulated cluster (seed {layout.seed}): {s['gpus']} GPUs on {s['nodes']} nodes in "
-            f"{s['racks']} racks, {s['rows']} rows, {s['halls']} hall(s); fabric {s['leaves']} leaves, "
-            f"{s['spines']} spines, {s['links']} links; {s['pdus']} PDUs, {s['cooling_loops']} cooling loops"
+            f"{s['racks']} racks, {s['rows']} rows, {s['halls']} hall(s); "
+            f"fabric {s['leaves']} leaves, {s['spines']} spines, {s['links']} links; "
+            f"{s['pdus']} PDUs, {s['cooling_loops']} cooling loops"
         )
 
     def _import(self, layout: Layout) -> None:
