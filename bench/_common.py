@@ -69,7 +69,8 @@ def free_port() -> int:
 def daphne_server(database_url: str, extra_env: dict | None = None):
     """Run the real ASGI server on a free loopback port; yields its base URL."""
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "WARNING", **(extra_env or {})}
+    # DEBUG off: production mode (no per-query logging in the server under test).
+    env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "WARNING", "DEBUG": "false", **(extra_env or {})}
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "dashboard.asgi:application"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

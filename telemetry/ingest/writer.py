@@ -92,7 +92,7 @@ def _sql(kind_name: str, names: tuple[str, ...]) -> _Sql:
         latest=(
             f"INSERT INTO {kind.latest_table} AS l ({cols}) "
             f"SELECT {', '.join('s.' + c for c in [ent, 'time', *names])} "
-            f"FROM unnest(%s::int[], %s::timestamptz[]) AS k(e, t) "
+            f"FROM unnest(%b::int[], %b::timestamptz[]) AS k(e, t) "
             f"JOIN {kind.table} s ON s.{ent} = k.e AND s.time = k.t "
             f"ON CONFLICT ({ent}) DO UPDATE SET {latest} WHERE l.time <= EXCLUDED.time"
         ),
@@ -137,7 +137,10 @@ def _write_frame(frame: Frame, ids: list) -> int:
     names = tuple(f.name for f in spec.fields if f.name in frame.values)
     sql = _sql(frame.kind, names)
     rows = list(_rows(frame, ids, names))
-    with connection.cursor() as cur:
+    connection.ensure_connection()
+    # A plain psycopg cursor on Django's connection (same transaction): Django's own cursors
+    # bind parameters client-side, which turns 16k-element arrays into quoted text.
+    with psycopg.Cursor(connection.connection) as cur:
         try:
             with transaction.atomic():
                 _copy(cur, sql.copy_direct, sql.types, rows)

@@ -178,7 +178,9 @@ class Cluster:
             if self._reporting(i, g):
                 events += self._xid(i, g, t)
         for i in self.maintenance.sample(rng, dt):
-            if i not in self.down_until and i not in self.reboot_at:
+            # Maintenance takes an idle node (the scheduler drained it), never a running job.
+            busy = self.scheduler.node_job[i] is not None
+            if not busy and i not in self.down_until and i not in self.reboot_at:
                 self.reboot_at[i] = (t + rng.uniform(0, dt), "maintenance")
                 self.scheduler.unavailable.add(i)
         return events + self.fabric.faults(dt)
@@ -228,6 +230,8 @@ class Cluster:
     def _reboot(self, i: int, t: float, down_s: float | None, why: str) -> str:
         self.reboot_at.pop(i, None)
         host = self.layout.nodes[i].hostname
+        if i in self.down_until:
+            return f"{host} is already rebooting"
         job = self.scheduler.node_job[i]
         if job is not None:
             self.scheduler.finish(job, t, f"lost node {host}")

@@ -122,9 +122,10 @@ class SimGpu:
         demand *= 1 + 0.015 * noise
         clock, reasons = MAX_SM_MHZ, 0
         if demand > POWER_LIMIT_W:
-            # Power brake: clocks fall roughly with the square root of the excess.
+            # At the cap the clocks back off roughly with the square root of the excess, and the
+            # power controller hovers just under the limit.
             clock = int(MAX_SM_MHZ * math.sqrt(POWER_LIMIT_W / demand))
-            demand, reasons = POWER_LIMIT_W, REASON_SW_POWER_CAP
+            demand, reasons = POWER_LIMIT_W - 4 * abs(noise), REASON_SW_POWER_CAP
         # Memory fills while the job loads its model, then holds.
         fill = min(1.0, (t - job.start) / job.warmup) if job.warmup else 1.0
         self.fb_used = int(job.mem * FB_USABLE_MIB * fill * (1 + 0.002 * noise))

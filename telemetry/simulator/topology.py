@@ -35,8 +35,11 @@ GPU_MODEL = "NVIDIA H100 80GB HBM3"
 SYSTEM_MODEL = "HGX H100 8-GPU"
 PORT_SPEED_GBPS = 400
 RACK_U = 48
-RACK_POWER_CAP_W = 40_000.0
-PDU_CAPACITY_W = 17_300.0
+# Eight HGX H100 nodes (~10 kW each at full load) make a high-density, liquid-assisted rack:
+# budget 80 kW, fed by two 3-phase 415 V / 100 A PDUs (~57 kW each) so either feed carries
+# the rack at its typical ~55 kW draw.
+RACK_POWER_CAP_W = 80_000.0
+PDU_CAPACITY_W = 57_500.0
 NODE_U = 4
 FIRST_NODE_U = 2
 FIRST_SWITCH_U = 41
