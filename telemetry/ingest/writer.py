@@ -9,8 +9,9 @@ For each frame (one entity kind, in columns), in ONE transaction:
      GPU at the same instant), the savepoint is rolled back, the rows are COPYed into a
      per-connection TEMP staging table instead and merged with ON CONFLICT, filling only the
      fields that were missing, so a re-sent batch is harmless;
-  4. upsert the last-value table from the rows just written (found by primary key), newest time
-     per entity winning and fields this frame did not carry keeping their last value;
+  4. update the last-value table from the staged rows (UPDATE … FROM touches each entity's row
+     in place, newest time winning, fields this frame did not carry keeping their last value),
+     then insert rows for entities that had none yet — the rare case, detected by row count;
 then the narrow table for unmapped fields, one row in the ingest log, and one live publish
 scheduled for after the commit. Nothing is acknowledged before the commit.
 """
@@ -68,7 +69,18 @@ class _Sql:
     copy_direct: str
     copy: str
     merge: str
-    latest: str
+    latest_update: str
+    latest_update_newest: str
+    latest_insert: str
+
+
+def _latest_update(kind, names: tuple[str, ...], source: str) -> str:
+    ent = kind.entity_column
+    sets = ", ".join(["time = s.time", *(f"{n} = COALESCE(s.{n}, l.{n})" for n in names)])
+    return (
+        f"UPDATE {kind.latest_table} l SET {sets} FROM {source} s "
+        f"WHERE l.{ent} = s.{ent} AND l.time <= s.time"
+    )
 
 
 @lru_cache(maxsize=256)
@@ -87,13 +99,16 @@ def _sql(kind_name: str, names: tuple[str, ...]) -> _Sql:
         copy_direct=f"COPY {kind.table} ({cols}) FROM STDIN (FORMAT BINARY)",
         copy=f"COPY {stage} ({cols}) FROM STDIN (FORMAT BINARY)",
         merge=f"INSERT INTO {kind.table} AS t ({cols}) SELECT {cols} FROM {stage} ON CONFLICT ({ent}, time) DO UPDATE SET {merge}",
-        # The newest written row per entity, looked up by primary key from the arrays of
-        # (entity, newest time) the writer passes in.
-        latest=(
+        latest_update=_latest_update(kind, names, stage),
+        # A frame with several times per entity updates from its newest row per entity only.
+        latest_update_newest=_latest_update(
+            kind, names, f"(SELECT DISTINCT ON ({ent}) * FROM {stage} ORDER BY {ent}, time DESC)"
+        ),
+        latest_insert=(
             f"INSERT INTO {kind.latest_table} AS l ({cols}) "
-            f"SELECT {', '.join('s.' + c for c in [ent, 'time', *names])} "
-            f"FROM unnest(%b::int[], %b::timestamptz[]) AS k(e, t) "
-            f"JOIN {kind.table} s ON s.{ent} = k.e AND s.time = k.t "
+            f"SELECT DISTINCT ON ({ent}) {cols} FROM {stage} s "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {kind.latest_table} x WHERE x.{ent} = s.{ent}) "
+            f"ORDER BY {ent}, time DESC "
             f"ON CONFLICT ({ent}) DO UPDATE SET {latest} WHERE l.time <= EXCLUDED.time"
         ),
     )
@@ -121,15 +136,12 @@ def _copy(cur, sql_text: str, types: list[str], rows) -> None:
             cp.write_row(row)
 
 
-def _newest(ids: list, times: list) -> tuple[list, list]:
-    """(entity, newest time) pairs for the last-value upsert."""
-    if len(set(times)) == 1:
-        return list(dict.fromkeys(ids)), [times[0]] * len(dict.fromkeys(ids))
-    newest: dict = {}
-    for eid, t in zip(ids, times, strict=True):
-        if eid not in newest or t > newest[eid]:
-            newest[eid] = t
-    return list(newest), list(newest.values())
+def _stage(cur, sql: _Sql, rows: list[tuple]) -> None:
+    cur.execute(sql.create_stage)
+    # The stage is emptied at commit; inside one long transaction (tests, several frames of a
+    # kind) it is emptied here too, so it never leaks rows into the next frame.
+    cur.execute(f"TRUNCATE {sql.stage}")
+    _copy(cur, sql.copy, sql.types, rows)
 
 
 def _write_frame(frame: Frame, ids: list) -> int:
@@ -137,21 +149,21 @@ def _write_frame(frame: Frame, ids: list) -> int:
     names = tuple(f.name for f in spec.fields if f.name in frame.values)
     sql = _sql(frame.kind, names)
     rows = list(_rows(frame, ids, names))
+    entities = len(set(r[0] for r in rows))
     connection.ensure_connection()
     # A plain psycopg cursor on Django's connection (same transaction): Django's own cursors
-    # bind parameters client-side, which turns 16k-element arrays into quoted text.
+    # bind parameters client-side and wrap every call, which adds up at 16k rows.
     with psycopg.Cursor(connection.connection) as cur:
         try:
             with transaction.atomic():
                 _copy(cur, sql.copy_direct, sql.types, rows)
+            _stage(cur, sql, rows)
         except (IntegrityError, psycopg.errors.UniqueViolation):
-            cur.execute(sql.create_stage)
-            # The stage is emptied at commit; inside one long transaction (tests, several
-            # frames of a kind) it is emptied here too, so it never leaks rows into the next.
-            cur.execute(f"TRUNCATE {sql.stage}")
-            _copy(cur, sql.copy, sql.types, rows)
+            _stage(cur, sql, rows)
             cur.execute(sql.merge)
-        cur.execute(sql.latest, list(_newest([r[0] for r in rows], [r[1] for r in rows])))
+        cur.execute(sql.latest_update if entities == len(rows) else sql.latest_update_newest)
+        if cur.rowcount < entities:
+            cur.execute(sql.latest_insert)
     return len(rows)
 
 
