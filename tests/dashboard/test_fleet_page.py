@@ -345,3 +345,12 @@ def test_logout_by_post_returns_to_login(client, operator):
 
     assert response.status_code == 302 and response["Location"] == reverse("login")
     assert client.get(reverse("fleet")).status_code == 302
+
+
+@pytest.mark.django_db
+def test_latest_values_rejects_unknown_fields():
+    from telemetry.selectors import latest_values
+
+    with pytest.raises(ValueError, match="gpu_utl"):
+        latest_values("gpu", ["gpu_utl"])
+    assert latest_values("gpu", ["gpu_util"]) == []
