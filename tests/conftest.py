@@ -51,3 +51,115 @@ def _fresh_entity_cache():
     entities.clear_cache()
     yield
     entities.clear_cache()
+
+
+# --- A real ASGI server and a real browser ------------------------------------------------------
+# pytest-django's live_server speaks plain HTTP only; the operator pages need websockets, so the
+# browser tests run daphne itself against the test database.
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic",
+]
+
+
+class AsgiServer:
+    """A daphne process serving the project on a loopback port; restartable on the same port."""
+
+    def __init__(self, env: dict):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.env = env
+        self.proc = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import socket
+        import subprocess
+        import sys
+        import time
+
+        daphne = str(Path(sys.executable).parent / "daphne")
+        self.proc = subprocess.Popen(
+            [daphne, "-b", "127.0.0.1", "-p", str(self.port), "dashboard.asgi:application"],
+            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(self.proc.stderr.read().decode()[-3000:]) from None
+                time.sleep(0.1)
+
+        raise RuntimeError("daphne did not start within 30 s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def asgi_server(django_db_setup, django_db_blocker):
+    """daphne on a free port, connected to the test database and the test Redis."""
+    from urllib.parse import quote
+
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    url = f"postgresql://{quote(db['USER'])}:{quote(db['PASSWORD'])}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "0", "LOG_LEVEL": "WARNING"}
+    server = AsgiServer(env)
+    server.start()
+    yield server
+    server.stop()
+    _wait_for_backends_to_exit(db["NAME"], django_db_blocker)
+
+
+def _wait_for_backends_to_exit(dbname: str, django_db_blocker, timeout: float = 10.0) -> None:
+    """A killed client's PostgreSQL backend lingers a moment; the test database can only be
+    dropped once every other session on it is gone."""
+    import time
+
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    with django_db_blocker.unblock():
+        while time.monotonic() < deadline:
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+                    "AND backend_type = 'client backend'",
+                    [dbname],
+                )
+                if cur.fetchone()[0] == 0:
+                    return
+            time.sleep(0.1)
+
+
+
+@pytest.fixture
+def browser_page():
+    """A fresh page in Debian's Chromium, driven by Playwright (it never downloads a browser)."""
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the test makes
+    # meanwhile are still plain synchronous calls.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        yield page
+        browser.close()
+        # While Playwright's loop runs, the test's ORM calls get a connection of their own
+        # (asgiref keys connections by context); close it here, in that same context.
+        from django.db import connections
+
+        connections.close_all()
+    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)

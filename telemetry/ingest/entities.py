@@ -13,12 +13,23 @@ from django.db import connection, transaction
 from telemetry.ingest.schema import Batch, Frame
 
 _CACHE: dict[str, dict] = {"node": {}, "gpu": {}, "mig": {}, "port": {}, "switch": {}, "power": {}}
+_GENERATION: list = [None]  # inventory generation the cache was filled under
 
 
 def clear_cache() -> None:
     """Forget every cached id (after inventory deletions, and between tests)."""
     for c in _CACHE.values():
         c.clear()
+
+
+def check_generation() -> None:
+    """Drop the cache if inventory rows were deleted anywhere since it was filled (migration 0004)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT last_value, is_called FROM telemetry_inventory_generation")
+        generation = cur.fetchone()
+    if generation != _GENERATION[0]:
+        clear_cache()
+        _GENERATION[0] = generation
 
 
 def _row(frame: Frame, i: int) -> dict:

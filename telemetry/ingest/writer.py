@@ -29,7 +29,7 @@ import psycopg
 from django.db import IntegrityError, connection, transaction
 
 from telemetry.fields import KINDS
-from telemetry.ingest.entities import Resolver
+from telemetry.ingest.entities import Resolver, check_generation
 from telemetry.ingest.schema import Batch, Frame
 from telemetry.models import IngestBatch
 
@@ -211,6 +211,7 @@ def write_batch(batch: Batch, *, collector: str, fmt: str, body_bytes: int = 0) 
     t0 = time.perf_counter()
     result = WriteResult(str(uuid.uuid4()), 0, 0, batch.rejections)
     with transaction.atomic():
+        check_generation()
         resolver = Resolver()
         narrow = []
         for kind, frames in batch.frames().items():

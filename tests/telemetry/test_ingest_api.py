@@ -260,3 +260,20 @@ def test_rebuild_latest_refills_an_emptied_table(post):
     with connection.cursor() as cur:
         cur.execute("SELECT gpu_util FROM telemetry_gpu_sample_latest")
         assert cur.fetchall() == [(2.0,)]
+
+
+def test_deleted_inventory_is_not_served_from_another_process_cache(post):
+    from telemetry.ingest import entities
+
+    post({"gpus": [_gpu("GPU-1", gpu_util=1.0)]})
+    old_id = Gpu.objects.get(uuid="GPU-1").id
+    assert entities._CACHE["gpu"]["GPU-1"] == old_id  # filled by the API worker thread
+    with connection.cursor() as cur:  # as the admin or a topology replace would, elsewhere
+        cur.execute("DELETE FROM telemetry_gpu_sample_latest")
+        cur.execute("DELETE FROM telemetry_gpu")
+    post({"gpus": [_gpu("GPU-1", t=T0 + timedelta(seconds=10), gpu_util=2.0)]})
+    new = Gpu.objects.get(uuid="GPU-1")
+    assert new.id != old_id
+    with connection.cursor() as cur:
+        cur.execute("SELECT gpu_id FROM telemetry_gpu_sample_latest")
+        assert cur.fetchall() == [(new.id,)]
