@@ -83,7 +83,7 @@ def daphne_server(database_url: str, extra_env: dict | None = None):
                 break
             except OSError:
                 if proc.poll() is not None:
-                    raise RuntimeError(proc.stderr.read().decode()[-2000:])
+                    raise RuntimeError(proc.stderr.read().decode()[-2000:]) from None
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:

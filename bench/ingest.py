@@ -18,7 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 from _common import (
-    daphne_server, drop_database, median, recreate_database, result, say, scratch_database_url, setup_django,
+    daphne_server,
+    drop_database,
+    median,
+    recreate_database,
+    result,
+    say,
+    scratch_database_url,
+    setup_django,
 )
 
 FIELDS = ("gpu_util", "mem_copy_util", "sm_clock", "mem_clock", "fb_used", "fb_free", "gpu_temp", "memory_temp",
@@ -86,7 +93,9 @@ def copy_baseline(database_url: str, gpus: list[dict]) -> float:
     with psycopg.connect(database_url) as conn:
         ids = dict(conn.execute("SELECT uuid, id FROM telemetry_gpu").fetchall())
         rows = [(ids[g["uuid"]], datetime.fromisoformat(g["time"]), *map(g["fields"].get, names)) for g in gpus]
-        types = ["int4", "timestamptz"] + [{"bigint": "int8", "real": "float4"}.get(f.sql_type, "float8") for f in kind.fields]
+        types = ["int4", "timestamptz"] + [
+            {"bigint": "int8", "real": "float4"}.get(f.sql_type, "float8") for f in kind.fields
+        ]
         t0 = time.perf_counter()
         with conn.cursor() as cur, cur.copy(
             f"COPY {kind.table} (gpu_id, time, {', '.join(names)}) FROM STDIN (FORMAT BINARY)"
@@ -127,7 +136,8 @@ def main() -> None:
                 same_rows = [{**g, "time": (t_api + timedelta(seconds=10)).isoformat()} for g in gpus]
                 copies.append(copy_baseline(url, same_rows))
                 say(f"round {r + 1}/{args.rounds}: API ({args.format}) {ours[-1] * 1000:.0f} ms "
-                    f"({len(bodies)} requests, {sum(map(len, bodies)) / 1e6:.1f} MB)  raw COPY {copies[-1] * 1000:.0f} ms")
+                    f"({len(bodies)} requests, {sum(map(len, bodies)) / 1e6:.1f} MB)  "
+                    f"raw COPY {copies[-1] * 1000:.0f} ms")
     finally:
         from django.db import connections
 

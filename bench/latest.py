@@ -14,7 +14,14 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from _common import (
-    drop_database, median, p95, recreate_database, result, say, scratch_database_url, setup_django,
+    drop_database,
+    median,
+    p95,
+    recreate_database,
+    result,
+    say,
+    scratch_database_url,
+    setup_django,
 )
 
 FIELDS = ("gpu_util", "gpu_temp", "memory_temp", "power_w", "energy_mj", "sm_clock", "fb_used", "xid",
@@ -30,7 +37,9 @@ def load(conn, n_gpus: int, minutes: int, interval: int, now: datetime) -> None:
     from telemetry.fields import KINDS
 
     spec = KINDS["gpu"].by_name
-    types = ["int4", "timestamptz"] + [{"bigint": "int8", "real": "float4"}.get(spec[f].sql_type, "float8") for f in FIELDS]
+    types = ["int4", "timestamptz"] + [
+        {"bigint": "int8", "real": "float4"}.get(spec[f].sql_type, "float8") for f in FIELDS
+    ]
     rnd = random.Random(3)
     steps = minutes * 60 // interval
     for step in range(steps):
@@ -46,7 +55,8 @@ def load(conn, n_gpus: int, minutes: int, interval: int, now: datetime) -> None:
             say(f"loaded {step + 1}/{steps} intervals ({(step + 1) * n_gpus:,} rows)")
     cols = ", ".join(FIELDS)
     conn.execute(f"INSERT INTO telemetry_gpu_sample_latest (gpu_id, time, {cols}) "
-                 f"SELECT DISTINCT ON (gpu_id) gpu_id, time, {cols} FROM telemetry_gpu_sample ORDER BY gpu_id, time DESC")
+                 f"SELECT DISTINCT ON (gpu_id) gpu_id, time, {cols} FROM telemetry_gpu_sample "
+                 "ORDER BY gpu_id, time DESC")
     conn.commit()
     conn.execute("ANALYZE")
 
@@ -82,7 +92,9 @@ def main() -> None:
             n = len(latest_values("gpu", [FIELD]))
             assert n == args.gpus, f"last-value table holds {n} GPUs, expected {args.gpus}"
             since = now - timedelta(minutes=args.minutes + 1)
-            base = timed(lambda: conn.cursor(binary=True).execute(DISTINCT_SQL, (since,)).fetchall(), max(3, args.runs // 10))
+            base = timed(
+                lambda: conn.cursor(binary=True).execute(DISTINCT_SQL, (since,)).fetchall(), max(3, args.runs // 10)
+            )
             ours = timed(lambda: latest_values("gpu", [FIELD]), args.runs)
             every_field = timed(lambda: latest_values("gpu", list(FIELDS)), max(5, args.runs // 5))
     finally:

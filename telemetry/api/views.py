@@ -7,7 +7,6 @@ views), so several collectors are served at once.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import zlib
 from datetime import UTC, datetime
@@ -107,7 +106,9 @@ def _ingest_checked(request: HttpRequest, fmt: str) -> JsonResponse:
     except DatabaseError as exc:
         # Nothing was committed; the client may retry the same batch safely (idempotent).
         log.warning("ingest write failed, batch not stored: %s", exc)
-        return ApiError(503, "unavailable", "the database is unavailable; retry", headers={"Retry-After": "5"}).response()
+        return ApiError(
+            503, "unavailable", "the database is unavailable; retry", headers={"Retry-After": "5"}
+        ).response()
     return JsonResponse({**result.as_json(), **extra})
 
 
@@ -122,7 +123,11 @@ def _parse(request: HttpRequest, fmt: str, body: bytes, collector: str):
         return parse_ndjson(body, times), {}
     if ctype in JSON_TYPES:
         return parse_json(body, times), {}
-    raise ApiError(415, "bad_content_type", f"Content-Type {ctype!r} is not accepted (application/json or application/x-ndjson)")
+    raise ApiError(
+        415,
+        "bad_content_type",
+        f"Content-Type {ctype!r} is not accepted (application/json or application/x-ndjson)",
+    )
 
 
 def _method_guard(request: HttpRequest) -> JsonResponse | None:

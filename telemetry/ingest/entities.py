@@ -109,7 +109,8 @@ class Resolver:
         ]
         with connection.cursor() as cur:
             cur.execute(
-                "INSERT INTO telemetry_gpu (uuid, node_id, index, model, serial, pci_bus_id, driver, mig_mode, first_seen) "
+                "INSERT INTO telemetry_gpu "
+                "(uuid, node_id, index, model, serial, pci_bus_id, driver, mig_mode, first_seen) "
                 "SELECT u, n, i, m, s, p, d, mm, now() FROM unnest(%s::text[], %s::bigint[], %s::int[], "
                 "%s::text[], %s::text[], %s::text[], %s::text[], %s::bool[]) AS t(u, n, i, m, s, p, d, mm) "
                 "ON CONFLICT (uuid) DO NOTHING RETURNING id",
@@ -161,7 +162,9 @@ class Resolver:
         keep = [i for i, o in enumerate(owners) if o[1] is not None]
         for i in sorted(set(range(frame.n)) - set(keep)):
             name = switches[i]
-            batch.reject(f"port {name}:{frame.ident['port'][i]}", f"unknown switch {name!r}", frame.take([i]).sample_count)
+            batch.reject(
+                f"port {name}:{frame.ident['port'][i]}", f"unknown switch {name!r}", frame.take([i]).sample_count
+            )
         if len(keep) < frame.n:
             frame, owners = frame.take(keep), [owners[i] for i in keep]
         keys = [o + (p,) for o, p in zip(owners, frame.ident["port"], strict=True)]
@@ -180,13 +183,15 @@ class Resolver:
         with connection.cursor() as cur:
             cur.execute(
                 "INSERT INTO telemetry_port (node_id, switch_id, name, guid, link_layer) "
-                "SELECT n, s, nm, '', ll FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) AS t(n, s, nm, ll) "
+                "SELECT n, s, nm, '', ll FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) "
+                "AS t(n, s, nm, ll) "
                 "ON CONFLICT DO NOTHING RETURNING id",
                 [node_ids, switch_ids, [k[2] for k in keys], layers],
             )
             self._count("port", len(cur.fetchall()))
             cur.execute(
-                "SELECT node_id, switch_id, name, id FROM telemetry_port WHERE node_id = ANY(%s) OR switch_id = ANY(%s)",
+                "SELECT node_id, switch_id, name, id FROM telemetry_port "
+                "WHERE node_id = ANY(%s) OR switch_id = ANY(%s)",
                 [[i for i in node_ids if i], [i for i in switch_ids if i]],
             )
             self.pending["port"].update(

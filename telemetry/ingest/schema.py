@@ -164,7 +164,10 @@ class TimeParser:
 
     def problem(self, t: datetime) -> str | None:
         if t > self.latest_ok:
-            return f"time {t.isoformat()} is more than {int((self.latest_ok - self.now).total_seconds())} s in the future"
+            return (
+                f"time {t.isoformat()} is more than "
+                f"{int((self.latest_ok - self.now).total_seconds())} s in the future"
+            )
         if t < self.oldest_ok:
             return f"time {t.isoformat()} is older than raw retention"
         return None
@@ -311,7 +314,9 @@ def parse_json(body: bytes, times: TimeParser) -> Batch:
             add_columns(batch, kind, recs, f"$.{key}", times, default_time)
             continue
         if not isinstance(recs, list):
-            raise BatchError(f"$.{key}", f"must be a list of records or an object of columns, got {type(recs).__name__}")
+            raise BatchError(
+                f"$.{key}", f"must be a list of records or an object of columns, got {type(recs).__name__}"
+            )
         for i, rec in enumerate(recs):
             add_record(batch, kind, rec, f"$.{key}[{i}]", times, default_time)
     return batch

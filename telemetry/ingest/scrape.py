@@ -25,7 +25,9 @@ class ScrapeError(Exception):
 
 
 def fetch(url: str, timeout: float, limit: int) -> bytes:
-    req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4", "User-Agent": "breakwater-scraper"})
+    req = urllib.request.Request(
+        url, headers={"Accept": "text/plain;version=0.0.4", "User-Agent": "breakwater-scraper"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (operator-configured URL)
             body = resp.read(limit + 1)
@@ -48,8 +50,12 @@ def scrape_target(target: ScrapeTarget) -> WriteResult | None:
         result = write_batch(batch, collector=f"scrape:{target.url}"[:128], fmt="prometheus", body_bytes=len(body))
     except (ScrapeError, BatchError) as exc:
         log.warning("scrape of %s failed: %s", target.url, exc)
-        ScrapeTarget.objects.filter(pk=target.pk).update(last_scrape=timezone.now(), last_error=str(exc)[:2000], last_samples=0)
+        ScrapeTarget.objects.filter(pk=target.pk).update(
+            last_scrape=timezone.now(), last_error=str(exc)[:2000], last_samples=0
+        )
         return None
-    ScrapeTarget.objects.filter(pk=target.pk).update(last_scrape=timezone.now(), last_error="", last_samples=result.accepted)
+    ScrapeTarget.objects.filter(pk=target.pk).update(
+        last_scrape=timezone.now(), last_error="", last_samples=result.accepted
+    )
     log.info("scraped %s: %d samples in %.0f ms", target.url, result.accepted, (time.perf_counter() - t0) * 1000)
     return result

@@ -95,10 +95,15 @@ def _sql(kind_name: str, names: tuple[str, ...]) -> _Sql:
     return _Sql(
         stage=stage,
         types=["int4", "timestamptz"] + [COPY_TYPES[spec[n].sql_type] for n in names],
-        create_stage=f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {kind.table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
+        create_stage=(
+            f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {kind.table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        ),
         copy_direct=f"COPY {kind.table} ({cols}) FROM STDIN (FORMAT BINARY)",
         copy=f"COPY {stage} ({cols}) FROM STDIN (FORMAT BINARY)",
-        merge=f"INSERT INTO {kind.table} AS t ({cols}) SELECT {cols} FROM {stage} ON CONFLICT ({ent}, time) DO UPDATE SET {merge}",
+        merge=(
+            f"INSERT INTO {kind.table} AS t ({cols}) SELECT {cols} FROM {stage} "
+            f"ON CONFLICT ({ent}, time) DO UPDATE SET {merge}"
+        ),
         latest_update=_latest_update(kind, names, stage),
         # A frame with several times per entity updates from its newest row per entity only.
         latest_update_newest=_latest_update(
@@ -183,9 +188,13 @@ def _write_narrow(entries: list[tuple]) -> int:
         return 0
     dedup = {e[:4]: e for e in entries}
     with connection.cursor() as cur:
-        cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {NARROW_STAGE} (LIKE telemetry_narrow_sample) ON COMMIT DELETE ROWS")
+        cur.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS {NARROW_STAGE} (LIKE telemetry_narrow_sample) ON COMMIT DELETE ROWS"
+        )
         cur.execute(f"TRUNCATE {NARROW_STAGE}")
-        with cur.copy(f"COPY {NARROW_STAGE} (entity_kind, entity_id, field, time, value) FROM STDIN (FORMAT BINARY)") as cp:
+        with cur.copy(
+            f"COPY {NARROW_STAGE} (entity_kind, entity_id, field, time, value) FROM STDIN (FORMAT BINARY)"
+        ) as cp:
             cp.set_types(["text", "int4", "text", "timestamptz", "float8"])
             for row in dedup.values():
                 cp.write_row(row)

@@ -47,7 +47,10 @@ def _rollup_columns(field: Field) -> dict[str, models.Field]:
         # Delta over the bucket with resets handled, and the raw value at the bucket's end.
         return {f"{field.name}_delta": models.FloatField(null=True), f"{field.name}_last": _column(field)}
     assert field.kind == STATE
-    return {f"{field.name}_or": models.BigIntegerField(null=True), f"{field.name}_last": models.BigIntegerField(null=True)}
+    return {
+        f"{field.name}_or": models.BigIntegerField(null=True),
+        f"{field.name}_last": models.BigIntegerField(null=True),
+    }
 
 
 def _model(name: str, table: str, attrs: dict, doc: str) -> type[models.Model]:

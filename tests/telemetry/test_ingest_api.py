@@ -198,7 +198,13 @@ def test_unknown_switch_port_rejected_per_record(post):
 
 
 def test_node_first_seen_by_port_is_unplaced(post):
-    post({"ports": [{"host": "ib-only-host", "port": "mlx5_0/1", "time": T0.isoformat(), "fields": {"symbol_errors": 0}}]})
+    post(
+        {
+            "ports": [
+                {"host": "ib-only-host", "port": "mlx5_0/1", "time": T0.isoformat(), "fields": {"symbol_errors": 0}}
+            ]
+        }
+    )
     assert Node.objects.get(hostname="ib-only-host").rack is None
 
 
@@ -208,7 +214,9 @@ def _columns(n, t=T0, **fields):
 
 
 def test_columnar_batch_matches_row_batch(post):
-    resp = post({"gpus": _columns(16, gpu_util=[float(i) for i in range(16)], energy_mj=[1000.0 + i for i in range(16)])})
+    resp = post(
+        {"gpus": _columns(16, gpu_util=[float(i) for i in range(16)], energy_mj=[1000.0 + i for i in range(16)])}
+    )
     assert resp.status_code == 200, resp.content
     assert resp.json()["accepted"] == 32
     with connection.cursor() as cur:

@@ -63,7 +63,11 @@ def test_real_capture_ingests(name, shared_data, push):
     assert data["accepted"] + data["blanks"] + data["rejected"] == len(series)
     # Energy is a counter in mJ, stored unchanged.
     for uuid, value in re.findall(r'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION\{[^}]*UUID="([^"]+)"[^}]*\} (\d+)', text):
-        stored = _rows("SELECT l.energy_mj FROM telemetry_gpu_sample_latest l JOIN telemetry_gpu g ON g.id = l.gpu_id WHERE g.uuid = %s", [uuid])
+        stored = _rows(
+            "SELECT l.energy_mj FROM telemetry_gpu_sample_latest l "
+            "JOIN telemetry_gpu g ON g.id = l.gpu_id WHERE g.uuid = %s",
+            [uuid],
+        )
         assert stored == [(int(value),)]
 
 

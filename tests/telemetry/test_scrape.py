@@ -43,7 +43,9 @@ def exporter(shared_data):
 @pytest.fixture(autouse=True)
 def _clock(monkeypatch):
     real = scrape.TimeParser
-    monkeypatch.setattr(scrape, "TimeParser", lambda now, fut, age: real(FIXED_NOW, timedelta(minutes=5), timedelta(days=7)))
+    monkeypatch.setattr(
+        scrape, "TimeParser", lambda now, fut, age: real(FIXED_NOW, timedelta(minutes=5), timedelta(days=7))
+    )
 
 
 def test_scrape_writes_every_gpu_and_records_success(exporter):
