@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--format", choices=("columnar", "rows"), default="columnar")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch database for inspection")
     args = ap.parse_args()
     url = scratch_database_url("ingest")
     recreate_database(url)
@@ -142,7 +143,8 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
-        drop_database(url)
+        if not args.keep:
+            drop_database(url)
     api_ms, copy_ms = median(ours) * 1000, median(copies) * 1000
     ratio = copy_ms / api_ms
     say(f"median: API {api_ms:.0f} ms = {args.gpus / (api_ms / 1000):,.0f} GPU rows/s; "

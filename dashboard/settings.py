@@ -179,7 +179,8 @@ RETENTION = {
 }
 # A GPU or node whose newest sample is older than this is shown as not reporting.
 STALE_AFTER = timedelta(seconds=_env_int("STALE_AFTER_SECONDS", 180))
-# dcgm-exporter endpoints pulled by the beat scraper, comma-separated; more can be added in admin.
+# dcgm-exporter endpoints pulled by the beat scraper are ScrapeTarget rows
+# (`manage.py scrape_targets add URL`, or the admin); each fetch gives up after this long.
 SCRAPE_TIMEOUT_SECONDS = _env_int("SCRAPE_TIMEOUT_SECONDS", 5)
 
 LOGGING = {

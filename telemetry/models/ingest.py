@@ -54,7 +54,8 @@ class IngestBatch(models.Model):
 class ScrapeTarget(models.Model):
     """A dcgm-exporter /metrics endpoint the beat scraper pulls."""
 
-    url = models.URLField(unique=True)
+    # Not a URLField: its validator refuses bare cluster hostnames such as http://gpu-0001:9400.
+    url = models.CharField(max_length=500, unique=True, help_text="e.g. http://gpu-0001:9400/metrics")
     enabled = models.BooleanField(default=True)
     hostname = models.CharField(
         max_length=253, blank=True, help_text="Used when the exporter emits no Hostname label"

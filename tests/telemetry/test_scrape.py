@@ -85,3 +85,15 @@ def test_scrape_task_skips_disabled_targets(exporter):
     target.enabled = True
     target.save()
     assert scrape_one(target.id) > 0
+
+
+def test_scrape_targets_command_adds_lists_and_refuses_bad_urls(capsys):
+    from django.core.management import CommandError, call_command
+
+    call_command("scrape_targets", "add", "http://gpu-0001:9400/metrics", "--host", "gpu-0001")
+    call_command("scrape_targets", "list")
+    assert "enabled   http://gpu-0001:9400/metrics  last=never" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="not an http"):
+        call_command("scrape_targets", "add", "gpu-0001:9400")
+    call_command("scrape_targets", "disable", "http://gpu-0001:9400/metrics")
+    assert not ScrapeTarget.objects.get().enabled
