@@ -34,10 +34,28 @@ def _forward_sql() -> list[str]:
     return sql
 
 
+def _require_timescaledb(apps, schema_editor) -> None:
+    """Fail with instructions, not a driver traceback, on a server without TimescaleDB."""
+    with schema_editor.connection.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'timescaledb'")
+        if cur.fetchone() is None:
+            raise RuntimeError(
+                "TimescaleDB is not installed on the PostgreSQL server in DATABASE_URL: install the "
+                "timescaledb extension package for its PostgreSQL version (./dev does this for its own server)"
+            )
+        cur.execute("SHOW shared_preload_libraries")
+        if "timescaledb" not in cur.fetchone()[0]:
+            raise RuntimeError(
+                "TimescaleDB is installed but not loaded: add 'timescaledb' to shared_preload_libraries "
+                "in postgresql.conf and restart PostgreSQL"
+            )
+
+
 class Migration(migrations.Migration):
     dependencies = [("telemetry", "0001_initial")]
 
     operations = [
+        migrations.RunPython(_require_timescaledb, migrations.RunPython.noop),
         # Hypertables cannot be turned back into plain tables; reversing drops the app instead.
         migrations.RunSQL(_forward_sql(), reverse_sql=migrations.RunSQL.noop),
     ]
