@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -36,6 +37,8 @@ from telemetry.models import IngestBatch
 log = logging.getLogger(__name__)
 
 COPY_TYPES = {"bigint": "int8", "real": "float4", "double precision": "float8"}
+# Temp stages already created on each live psycopg connection (they vanish with it).
+_STAGES_CREATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 NARROW_STAGE = "bw_stage_narrow"
 
 
@@ -142,10 +145,17 @@ def _copy(cur, sql_text: str, types: list[str], rows) -> None:
 
 
 def _stage(cur, sql: _Sql, rows: list[tuple]) -> None:
-    cur.execute(sql.create_stage)
-    # The stage is emptied at commit; inside one long transaction (tests, several frames of a
-    # kind) it is emptied here too, so it never leaks rows into the next frame.
-    cur.execute(f"TRUNCATE {sql.stage}")
+    created = _STAGES_CREATED.setdefault(cur.connection, set())
+    if sql.stage not in created:  # once per physical connection, not per batch
+        cur.execute(sql.create_stage)
+        # Remembered only once committed: a rolled-back batch takes its CREATE with it.
+        transaction.on_commit(lambda: created.add(sql.stage))
+        cur.execute(f"DELETE FROM {sql.stage}")
+    else:
+        # ON COMMIT DELETE ROWS empties the stage at every commit; only a long transaction
+        # (tests, several frames of one kind in a batch) can find rows here. DELETE on an empty
+        # table is nearly free, where TRUNCATE would swap files every batch.
+        cur.execute(f"DELETE FROM {sql.stage}")
     _copy(cur, sql.copy, sql.types, rows)
 
 

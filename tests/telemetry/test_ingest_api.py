@@ -285,3 +285,11 @@ def test_deleted_inventory_is_not_served_from_another_process_cache(post):
     with connection.cursor() as cur:
         cur.execute("SELECT gpu_id FROM telemetry_gpu_sample_latest")
         assert cur.fetchall() == [(new.id,)]
+
+
+def test_batch_after_a_failed_batch_on_the_same_connection_succeeds(post):
+    bad = {"gpus": [_gpu("GPU-1", gpu_util=1.0)], "ports": [{"switch": "x", "port": "p", "fields": {}}]}
+    assert post({"gpus": [_gpu("GPU-1", gpu_util=1.0)]}).status_code == 200
+    assert post(bad).status_code in (200, 400)
+    assert post({"gpus": [_gpu("GPU-1", t=T0 + timedelta(seconds=10), gpu_util=2.0)]}).status_code == 200
+    assert _count("telemetry_gpu_sample") == 2
