@@ -224,3 +224,34 @@ def latest_values(kind: str, fields: list[str] | tuple[str, ...]) -> list[tuple]
     with psycopg.Cursor(connection.connection) as cur:
         cur.execute(f"SELECT {cols} FROM {spec.latest_table}", binary=True)  # names checked above
         return cur.fetchall()
+
+
+def gpu_events(*, gpu_uuid: str | None = None, kind: str | None = None, open_only: bool = False,
+               limit: int = 100) -> list[dict]:
+    """Fault events newest first, each with the XID catalogue's meaning and recommended action."""
+    from telemetry.models import GpuEvent
+    from telemetry.xid import describe, effective_action
+
+    qs = GpuEvent.objects.select_related("gpu__node").order_by("-last_seen")
+    if gpu_uuid:
+        qs = qs.filter(gpu__uuid=gpu_uuid)
+    if kind:
+        qs = qs.filter(kind=kind)
+    if open_only:
+        qs = qs.filter(cleared_at__isnull=True)
+    out = []
+    for ev in qs[:limit]:
+        info = describe(ev.code if ev.kind == "xid" else _KIND_XID.get(ev.kind, 0))
+        out.append({
+            "gpu_uuid": ev.gpu.uuid, "host": ev.gpu.node.hostname, "kind": ev.kind, "code": ev.code,
+            "count": ev.count, "first_seen": _iso(ev.first_seen), "last_seen": _iso(ev.last_seen),
+            "open": ev.cleared_at is None, "cleared_at": ev.cleared_at and _iso(ev.cleared_at),
+            "cleared_reason": ev.cleared_reason, "message": ev.message, "source": ev.source,
+            "meaning": info.meaning, "severity": info.severity,
+            "action": effective_action(ev.code, ev.message) if ev.kind == "xid" else info.action,
+        })
+    return out
+
+
+# Non-XID kinds share the catalogue entry of the XID that reports the same fault.
+_KIND_XID = {"ecc_dbe": 48, "row_remap_failure": 64, "fallen_off_bus": 79, "nvlink_errors": 74}

@@ -2,9 +2,10 @@
 
 from django.urls import path
 
-from telemetry.api import views
+from telemetry.api import events, views
 
 urlpatterns = [
     path("ingest", views.ingest_json, name="ingest-json"),
     path("ingest/prometheus", views.ingest_prometheus, name="ingest-prometheus"),
+    path("events", events.list_events, name="gpu-events"),
 ]

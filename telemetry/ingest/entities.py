@@ -216,3 +216,46 @@ class Resolver:
             with connection.cursor() as cur:
                 cur.execute(f"SELECT {column}, id FROM {table} WHERE {column} = ANY(%s)", [missing])
                 self.pending[kind].update(cur.fetchall())
+
+
+def _bus_key(bus_id: str) -> str:
+    """PCI bus ids compare without the domain's width or the letters' case ("0000:9b:00" = "00000000:9B:00.0")."""
+    text = bus_id.strip().lower()
+    domain, _, rest = text.rpartition(":") if text.count(":") == 1 else text.partition(":")
+    if text.count(":") == 1:
+        domain, rest = "0", text
+    bus_dev = rest if "." in rest else rest + ".0"
+    return f"{int(domain or '0', 16):x}:{bus_dev}"
+
+
+def resolve_events(self: Resolver, batch: Batch) -> list:
+    """Fault events with their GPU ids; an event for a GPU nobody knows is rejected and counted."""
+    from telemetry.actions import EventIn
+
+    by_uuid = [e for e in batch.events if e["gpu_uuid"]]
+    if by_uuid:
+        frame = Frame("gpu", len(by_uuid), {"host": [e["host"] for e in by_uuid],
+                                            "uuid": [e["gpu_uuid"] for e in by_uuid]}, [], {})
+        self.gpu_ids(frame)
+    bus = _bus_index({e["host"] for e in batch.events if not e["gpu_uuid"]})
+    out = []
+    for e in batch.events:
+        gpu_id = self.get("gpu", e["gpu_uuid"]) if e["gpu_uuid"] else bus.get((e["host"], _bus_key(e["pci_bus_id"])))
+        if gpu_id is None:
+            batch.reject(e["where"], f"no GPU with PCI bus id {e['pci_bus_id']!r} on host {e['host']!r}", 1)
+            continue
+        out.append(EventIn(gpu_id, e["kind"], e["time"], code=e["code"], message=e["message"],
+                           source=e["source"], count=e["count"]))
+    return out
+
+
+def _bus_index(hosts: set[str]) -> dict:
+    if not hosts:
+        return {}
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT n.hostname, g.pci_bus_id, g.id FROM telemetry_gpu g JOIN telemetry_node n ON n.id = g.node_id "
+            "WHERE n.hostname = ANY(%s) AND g.pci_bus_id <> ''", [list(hosts)],
+        )
+        return {(host, _bus_key(bus)): gid for host, bus, gid in cur.fetchall()}
+

@@ -107,6 +107,7 @@ class Batch:
     columnar: dict[str, list[Frame]] = field(default_factory=lambda: {k: [] for k in KINDS})
     rejected: int = 0
     rejections: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)  # validated fault events (ingest/events.py)
 
     def reject(self, where: str, reason: str, samples: int = 1) -> None:
         self.rejected += samples
@@ -299,9 +300,11 @@ def parse_json(body: bytes, times: TimeParser) -> Batch:
     doc = _loads(body, "")
     if not isinstance(doc, dict):
         raise BatchError("$", f"the batch must be a JSON object, got {type(doc).__name__}")
-    unknown = set(doc) - set(COLLECTION_KEYS) - {"time", "collector"}
+    unknown = set(doc) - set(COLLECTION_KEYS) - {"time", "collector", "events"}
     if unknown:
-        raise BatchError(f"$.{sorted(unknown)[0]}", f"unknown key (expected one of time, {', '.join(COLLECTION_KEYS)})")
+        raise BatchError(
+            f"$.{sorted(unknown)[0]}", f"unknown key (expected one of time, {', '.join(COLLECTION_KEYS)}, events)"
+        )
     default_time = doc.get("time")
     if default_time is not None:
         times.parse(default_time, "$.time")
@@ -319,7 +322,19 @@ def parse_json(body: bytes, times: TimeParser) -> Batch:
             )
         for i, rec in enumerate(recs):
             add_record(batch, kind, rec, f"$.{key}[{i}]", times, default_time)
+    _add_events(batch, doc.get("events"), times, default_time)
     return batch
+
+
+def _add_events(batch: Batch, events, times: TimeParser, default_time, where: str | None = None) -> None:
+    if events is None:
+        return
+    if not isinstance(events, list):
+        raise BatchError("$.events", f"must be a list of events, got {type(events).__name__}")
+    from telemetry.ingest.events import add_event  # events need the model's kinds; samples do not
+
+    for i, rec in enumerate(events):
+        add_event(batch, rec, where or f"$.events[{i}]", times, default_time)
 
 
 def parse_ndjson(body: bytes, times: TimeParser) -> Batch:
@@ -332,7 +347,10 @@ def parse_ndjson(body: bytes, times: TimeParser) -> Batch:
         if not isinstance(rec, dict):
             raise BatchError(f"line {lineno}", f"each line must be a JSON object, got {type(rec).__name__}")
         kind = rec.get("kind")
+        if kind == "event":  # {"kind": "event", "event": {...}}: a fault event has a kind of its own
+            _add_events(batch, [rec.get("event")], times, None, where=f"line {lineno}.event")
+            continue
         if kind not in KINDS:
-            raise BatchError(f"line {lineno}.kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+            raise BatchError(f"line {lineno}.kind", f"must be one of {', '.join(KINDS)} or event, got {kind!r}")
         add_record(batch, kind, rec, f"line {lineno}", times, None)
     return batch

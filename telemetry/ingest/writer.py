@@ -29,8 +29,10 @@ from functools import lru_cache
 import psycopg
 from django.db import IntegrityError, connection, transaction
 
+from telemetry.actions import do_clear_gpu_events, do_record_gpu_events
 from telemetry.fields import KINDS
-from telemetry.ingest.entities import Resolver, check_generation
+from telemetry.ingest.entities import Resolver, check_generation, resolve_events
+from telemetry.ingest.faults import DERIVE_FIELDS, derive
 from telemetry.ingest.schema import Batch, Frame
 from telemetry.models import IngestBatch
 
@@ -52,12 +54,13 @@ class WriteResult:
     rejections: list[dict]
     rows: dict[str, int] = field(default_factory=dict)
     registered: dict[str, int] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
     duration_ms: float = 0.0
 
     def as_json(self) -> dict:
         return {
             "batch_id": self.batch_id, "accepted": self.accepted, "rejected": self.rejected,
-            "rejections": self.rejections, "rows": self.rows, "registered": self.registered,
+            "rejections": self.rejections, "rows": self.rows, "registered": self.registered, "events": self.events,
             "duration_ms": round(self.duration_ms, 1),
         }
 
@@ -159,7 +162,7 @@ def _stage(cur, sql: _Sql, rows: list[tuple]) -> None:
     _copy(cur, sql.copy, sql.types, rows)
 
 
-def _write_frame(frame: Frame, ids: list) -> int:
+def _write_frame(frame: Frame, ids: list, faults: list) -> int:
     spec = KINDS[frame.kind]
     names = tuple(f.name for f in spec.fields if f.name in frame.values)
     sql = _sql(frame.kind, names)
@@ -176,6 +179,8 @@ def _write_frame(frame: Frame, ids: list) -> int:
         except (IntegrityError, psycopg.errors.UniqueViolation):
             _stage(cur, sql, rows)
             cur.execute(sql.merge)
+        if frame.kind == "gpu" and DERIVE_FIELDS & frame.values.keys():
+            faults.append(derive(cur, sql.stage))
         cur.execute(sql.latest_update if entities == len(rows) else sql.latest_update_newest)
         if cur.rowcount < entities:
             cur.execute(sql.latest_insert)
@@ -233,14 +238,16 @@ def write_batch(batch: Batch, *, collector: str, fmt: str, body_bytes: int = 0) 
         check_generation()
         resolver = Resolver()
         narrow = []
+        faults: list = []
         for kind, frames in batch.frames().items():
             for frame in frames:
                 frame, ids = _resolve(kind, frame, resolver, batch)
                 if frame.n:
-                    result.rows[kind] = result.rows.get(kind, 0) + _write_frame(frame, ids)
+                    result.rows[kind] = result.rows.get(kind, 0) + _write_frame(frame, ids, faults)
                     result.accepted += sum(len(c) - c.count(None) for c in frame.values.values())
                     narrow.extend(_narrow_rows(frame, ids))
         result.rows["narrow"] = _write_narrow(narrow)
+        result.events = _write_events(batch, resolver, faults)
         result.accepted += len(narrow)
         result.rejected = batch.rejected
         result.registered = resolver.registered
@@ -253,6 +260,18 @@ def write_batch(batch: Batch, *, collector: str, fmt: str, body_bytes: int = 0) 
         resolver.publish_on_commit()
         _schedule_publish()
     return result
+
+
+def _write_events(batch: Batch, resolver: Resolver, faults: list) -> dict[str, int]:
+    """Explicit events plus those read off samples; resets clear first, then sightings merge."""
+    sightings = [e for events, _ in faults for e in events]
+    resets = [r for _, rs in faults for r in rs]
+    sightings.extend(resolve_events(resolver, batch))
+    cleared = 0
+    for gpu_id, at in resets:
+        cleared += do_clear_gpu_events([gpu_id], at=at, reason="GPU reset: counters restarted")
+    counts = do_record_gpu_events(sightings) if sightings else {"created": 0, "updated": 0}
+    return {**counts, "cleared": cleared}
 
 
 def _schedule_publish() -> None:

@@ -1,5 +1,6 @@
 """Telemetry models, split by domain and re-exported here."""
 
+from .events import GpuEvent, GpuEventKind
 from .ingest import CollectorToken, IngestBatch, RollupWatermark, ScrapeTarget
 from .inventory import (
     Gpu,
@@ -25,7 +26,7 @@ from .samples import (
 )
 
 __all__ = [
-    "CollectorToken", "IngestBatch", "RollupWatermark", "ScrapeTarget",
+    "CollectorToken", "IngestBatch", "RollupWatermark", "ScrapeTarget", "GpuEvent", "GpuEventKind",
     "Gpu", "Hall", "HealthState", "Link", "MigInstance", "Node", "NodeState", "NvlinkDomain",
     "Port", "PowerDevice", "Rack", "Row", "Site", "Switch",
     "SAMPLE_MODELS", "NarrowSample", "NarrowSample1m", "NarrowSample1h",

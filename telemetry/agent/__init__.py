@@ -1,0 +1,1 @@
+"""The node agent: collectors and the pusher; imports no Django."""

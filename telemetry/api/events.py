@@ -1,0 +1,21 @@
+"""Read API for GPU fault events (operators; tenant scoping arrives with tenancy)."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+
+from telemetry.selectors import gpu_events
+
+
+def list_events(request: HttpRequest) -> JsonResponse:
+    """GET /api/v1/events[?gpu=UUID&kind=xid&open=1&limit=100] — newest first."""
+    if not request.user.is_authenticated:
+        return JsonResponse({"error": {"code": "unauthenticated", "message": "log in first"}}, status=401)
+    try:
+        limit = min(1000, max(1, int(request.GET.get("limit", "100"))))
+    except ValueError:
+        return JsonResponse({"error": {"code": "malformed", "message": "limit must be an integer",
+                                       "where": "limit"}}, status=400)
+    events = gpu_events(gpu_uuid=request.GET.get("gpu") or None, kind=request.GET.get("kind") or None,
+                        open_only=request.GET.get("open") in ("1", "true"), limit=limit)
+    return JsonResponse({"events": events})

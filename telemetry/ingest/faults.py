@@ -1,0 +1,49 @@
+"""Fault events found at ingest: sent explicitly by agents, or read off GPU samples.
+
+From samples (compared with the last-value row, before it is overwritten):
+- the XID gauge changing to a new non-zero code (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS keeps only
+  the last code, so a change is the only trace of a new one);
+- the volatile DBE counter rising; a first-seen GPU already showing DBEs;
+- row_remap_failure turning on;
+- a GPU reset: the energy counter or a volatile ECC counter starting again from a lower value,
+  which clears that GPU's open events (they stay as history).
+A frame with several times per GPU is compared once, against the last value before the batch.
+"""
+
+from __future__ import annotations
+
+from telemetry.actions import EventIn
+
+DERIVE_FIELDS = {"xid", "ecc_dbe_vol", "ecc_sbe_vol", "row_remap_failure", "energy_mj"}
+
+DERIVE_SQL = """
+SELECT s.gpu_id, s.time, s.xid, l.xid, s.ecc_dbe_vol, l.ecc_dbe_vol, s.row_remap_failure,
+       l.row_remap_failure, (s.energy_mj < l.energy_mj OR s.ecc_sbe_vol < l.ecc_sbe_vol
+                             OR s.ecc_dbe_vol < l.ecc_dbe_vol) AS reset
+FROM {stage} s LEFT JOIN telemetry_gpu_sample_latest l ON l.gpu_id = s.gpu_id
+WHERE l.gpu_id IS NULL AND (s.xid > 0 OR s.ecc_dbe_vol > 0 OR s.row_remap_failure = 1)
+   OR l.time < s.time AND (
+        (s.xid > 0 AND s.xid IS DISTINCT FROM l.xid) OR s.ecc_dbe_vol > l.ecc_dbe_vol
+        OR (s.row_remap_failure = 1 AND l.row_remap_failure IS DISTINCT FROM 1)
+        OR s.energy_mj < l.energy_mj OR s.ecc_sbe_vol < l.ecc_sbe_vol OR s.ecc_dbe_vol < l.ecc_dbe_vol)
+ORDER BY s.time
+"""
+
+
+def derive(cur, stage: str) -> tuple[list[EventIn], list[tuple[int, object]]]:
+    """(new sightings, GPU resets as (gpu_id, time)) from the staged GPU rows."""
+    cur.execute(DERIVE_SQL.format(stage=stage))
+    events, resets = [], []
+    for gpu_id, t, xid, old_xid, dbe, old_dbe, remap, old_remap, reset in cur.fetchall():
+        if reset:
+            resets.append((gpu_id, t))
+        if xid and xid != old_xid:
+            events.append(EventIn(gpu_id, "xid", t, code=int(xid), message=f"XID {xid} reported", source="samples"))
+        if dbe and dbe > (old_dbe or 0) and not reset:
+            grew = dbe - (old_dbe or 0)
+            events.append(EventIn(gpu_id, "ecc_dbe", t, count=int(grew), source="samples",
+                                  message=f"volatile double-bit ECC errors: {dbe} (+{grew})"))
+        if remap == 1 and old_remap != 1:
+            events.append(EventIn(gpu_id, "row_remap_failure", t, source="samples",
+                                  message="row remapping failed: the memory cannot be repaired"))
+    return events, resets

@@ -1,0 +1,1 @@
+"""Tests of the node agent (no Django, no database)."""
