@@ -1,6 +1,7 @@
 """Telemetry models, split by domain and re-exported here."""
 
 from .events import GpuEvent, GpuEventKind
+from .jobs import Allocation, Job, JobState, JobStateChange, TrainingStep
 from .ingest import CollectorToken, IngestBatch, RollupWatermark, ScrapeTarget
 from .inventory import (
     Gpu,
@@ -26,6 +27,7 @@ from .samples import (
 )
 
 __all__ = [
+    "Allocation", "Job", "JobState", "JobStateChange", "TrainingStep",
     "CollectorToken", "IngestBatch", "RollupWatermark", "ScrapeTarget", "GpuEvent", "GpuEventKind",
     "Gpu", "Hall", "HealthState", "Link", "MigInstance", "Node", "NodeState", "NvlinkDomain",
     "Port", "PowerDevice", "Rack", "Row", "Site", "Switch",
