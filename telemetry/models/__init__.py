@@ -1,7 +1,6 @@
 """Telemetry models, split by domain and re-exported here."""
 
 from .events import GpuEvent, GpuEventKind
-from .jobs import Allocation, Job, JobState, JobStateChange, TrainingStep
 from .ingest import CollectorToken, IngestBatch, RollupWatermark, ScrapeTarget
 from .inventory import (
     Gpu,
@@ -19,6 +18,7 @@ from .inventory import (
     Site,
     Switch,
 )
+from .jobs import Allocation, Job, JobState, JobStateChange, TrainingStep
 from .samples import (
     SAMPLE_MODELS,
     NarrowSample,
