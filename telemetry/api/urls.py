@@ -2,10 +2,11 @@
 
 from django.urls import path
 
-from telemetry.api import events, views
+from telemetry.api import events, training, views
 
 urlpatterns = [
     path("ingest", views.ingest_json, name="ingest-json"),
     path("ingest/prometheus", views.ingest_prometheus, name="ingest-prometheus"),
     path("events", events.list_events, name="gpu-events"),
+    path("training", training.ingest_training, name="ingest-training"),
 ]

@@ -1,0 +1,118 @@
+"""POST /api/v1/training — per-rank training metrics from a running job (docs/training.md).
+
+    {"job": "slurm:4242", "records": [{"rank": 0, "step": 100, "time": "2026-11-30T12:00:00Z",
+      "step_time_s": 0.82, "loss": 2.31, "grad_norm": 1.7, "tokens_per_s": 48000,
+      "nan_count": 0, "inf_count": 0}]}
+
+A job not seen from its scheduler yet is created as a placeholder that the scheduler sync fills in.
+A NaN or infinite loss or grad norm is the signal a divergence detector needs, not bad input: it is
+stored as missing with nan_count / inf_count raised, so charts stay plottable.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from telemetry.api.auth import AuthError, authenticate_collector
+from telemetry.api.views import ApiError, _body
+from telemetry.ingest.schema import BatchError, TimeParser, _loads
+from telemetry.models import Job
+
+NUMBERS = ("step_time_s", "loss", "grad_norm", "tokens_per_s")
+KEYS = {"rank", "step", "time", "nan_count", "inf_count", *NUMBERS}
+
+
+def _job_key(raw) -> tuple[str, str]:
+    if not isinstance(raw, str) or ":" not in raw:
+        raise BatchError("$.job", f"must be 'slurm:<job id>' or 'k8s:<pod uid>', got {raw!r}")
+    source, _, external = raw.partition(":")
+    if source not in Job.Source.values or not external.strip():
+        raise BatchError("$.job", f"unknown scheduler {source!r} or empty id (slurm or k8s)")
+    return source, external.strip()
+
+
+def _record(rec, where: str, times: TimeParser) -> tuple:
+    if not isinstance(rec, dict):
+        raise BatchError(where, "a record must be an object")
+    unknown = set(rec) - KEYS
+    if unknown:
+        raise BatchError(f"{where}.{sorted(unknown)[0]}", "unknown key")
+    for key in ("rank", "step"):
+        if isinstance(rec.get(key), bool) or not isinstance(rec.get(key), int) or rec[key] < 0:
+            raise BatchError(f"{where}.{key}", f"must be an integer ≥ 0, got {rec.get(key)!r}")
+    t = times.now if rec.get("time") is None else times.parse(rec["time"], f"{where}.time")
+    nan, inf = (_count(rec, k, where) for k in ("nan_count", "inf_count"))
+    values = []
+    for key in NUMBERS:
+        v = rec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise BatchError(f"{where}.{key}", f"must be a number, got {v!r}")
+        if v is not None and not math.isfinite(v):
+            nan, inf = (nan + 1, inf) if math.isnan(v) else (nan, inf + 1)
+            v = None
+        values.append(v)
+    return (rec["rank"], t, rec["step"], *values, nan, inf)
+
+
+def _count(rec: dict, key: str, where: str) -> int:
+    v = rec.get(key, 0)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise BatchError(f"{where}.{key}", f"must be an integer ≥ 0, got {v!r}")
+    return v
+
+
+@transaction.atomic
+def do_record_training_steps(source: str, external_id: str, rows: list[tuple]) -> int:
+    """Store steps for one job; re-sent steps replace themselves (key: job, rank, time)."""
+    job, _ = Job.objects.get_or_create(source=source, external_id=external_id, defaults={"state": "running"})
+    with connection.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO telemetry_training_step (job_id, rank, time, step, step_time_s, loss, grad_norm, "
+            "tokens_per_s, nan_count, inf_count) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (job_id, rank, time) DO UPDATE SET step = EXCLUDED.step, step_time_s = EXCLUDED.step_time_s, "
+            "loss = EXCLUDED.loss, grad_norm = EXCLUDED.grad_norm, tokens_per_s = EXCLUDED.tokens_per_s, "
+            "nan_count = EXCLUDED.nan_count, inf_count = EXCLUDED.inf_count",
+            [(job.id, *row) for row in rows],
+        )
+    return len(rows)
+
+
+def _handle(request: HttpRequest) -> JsonResponse:
+    close_old_connections()
+    try:
+        authenticate_collector(request.headers.get("Authorization"))
+        doc = _loads(_body(request), "")
+        if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+            raise BatchError("$", "expected {\"job\": ..., \"records\": [...]}")
+        source, external = _job_key(doc.get("job"))
+        times = TimeParser(datetime.now(UTC), settings.INGEST_MAX_FUTURE_SKEW, settings.RETENTION["raw"])
+        rows = [_record(r, f"$.records[{i}]", times) for i, r in enumerate(doc["records"])]
+        stored = do_record_training_steps(source, external, rows)
+    except AuthError as exc:
+        return ApiError(exc.status, exc.code, exc.message).response()
+    except ApiError as exc:
+        return exc.response()
+    except BatchError as exc:
+        return ApiError(400, exc.code, exc.message, where=exc.where).response()
+    except DatabaseError:
+        return ApiError(
+            503, "unavailable", "the database is unavailable; retry", headers={"Retry-After": "5"}
+        ).response()
+    finally:
+        close_old_connections()
+    return JsonResponse({"stored": stored})
+
+
+@csrf_exempt
+async def ingest_training(request: HttpRequest) -> JsonResponse:
+    """POST /api/v1/training — see the module docstring."""
+    if request.method != "POST":
+        return ApiError(405, "method_not_allowed", "use POST").response()
+    return await sync_to_async(_handle, thread_sensitive=False)(request)

@@ -1,0 +1,62 @@
+"""Training metrics: the endpoint and the client a training job uses, against a real server."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from django.db import connection
+
+from telemetry.actions import do_create_collector_token
+from telemetry.agent.training import TrainingReporter
+from telemetry.models import Job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _rows():
+    with connection.cursor() as cur:
+        cur.execute("SELECT rank, step, loss, nan_count, inf_count FROM telemetry_training_step ORDER BY rank, step")
+        return cur.fetchall()
+
+
+def test_client_steps_arrive_per_rank_with_nan_counted(asgi_server):
+    token = do_create_collector_token("trainer")
+    ranks = [TrainingReporter(asgi_server.url, token, job="slurm:4242", rank=r, flush_every=3) for r in (0, 1)]
+    for step in range(3):
+        for r in ranks:
+            loss = math.nan if (r.rank, step) == (1, 2) else 2.0 - step * 0.1
+            r.step(step, step_time_s=0.8, loss=loss, grad_norm=1.0, tokens_per_s=48_000)
+    assert all(not r.buffer for r in ranks)
+    rows = _rows()
+    assert len(rows) == 6 and rows[-1] == (1, 2, None, 1, 0)
+    job = Job.objects.get()
+    assert (job.source, job.external_id) == ("slurm", "4242")
+
+
+def test_client_keeps_steps_while_server_is_down():
+    reporter = TrainingReporter("http://127.0.0.1:9", "t", job="slurm:1", rank=0, flush_every=1, timeout=0.5)
+    reporter.step(1, loss=1.0)
+    assert len(reporter.buffer) == 1 and not reporter.flush()
+
+
+def test_bad_records_are_400_with_path(client):
+    token = do_create_collector_token("trainer")
+    body = {"job": "slurm:7", "records": [{"rank": 0, "step": 1}, {"rank": -1, "step": 2}]}
+    resp = client.post("/api/v1/training", data=json.dumps(body), content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert resp.status_code == 400 and resp.json()["error"]["where"] == "$.records[1].rank"
+    assert _rows() == [] and not Job.objects.exists()
+
+
+def test_unknown_scheduler_is_400(client):
+    token = do_create_collector_token("trainer")
+    resp = client.post("/api/v1/training", data=json.dumps({"job": "lsf:1", "records": []}),
+                       content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert resp.status_code == 400 and resp.json()["error"]["where"] == "$.job"
+
+
+def test_training_endpoint_needs_a_token(client):
+    resp = client.post("/api/v1/training", data="{}", content_type="application/json")
+    assert resp.status_code == 401
