@@ -33,6 +33,7 @@ class NvmlReading:
     migs: list[dict] = field(default_factory=list)
     not_supported: int = 0
     problems: list[str] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)  # indexes of GPUs that fell off the bus
 
 
 def load_nvml() -> ModuleType:
@@ -47,12 +48,15 @@ class _Reader:
 
     def __init__(self, nvml: ModuleType, reading: NvmlReading, label: str):
         self.nvml, self.reading, self.label = nvml, reading, label
+        self.lost = False
 
     def get(self, fn, *args):
         try:
             value = fn(*args)
         except self.nvml.NVMLError as exc:
-            if isinstance(exc, self.nvml.NVMLError_NotSupported):
+            if isinstance(exc, getattr(self.nvml, "NVMLError_GpuIsLost", ())):
+                self.lost = True  # fallen off the bus: every further call fails the same way
+            elif isinstance(exc, self.nvml.NVMLError_NotSupported):
                 self.reading.not_supported += 1
             else:
                 self.reading.problems.append(f"{self.label}: {fn.__name__}: {exc}")
@@ -68,6 +72,9 @@ def collect(nvml: ModuleType, *, host: str) -> NvmlReading:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         r = _Reader(nvml, reading, f"GPU {index}")
         uuid = r.get(nvml.nvmlDeviceGetUUID, handle)
+        if r.lost:
+            reading.lost.append(index)
+            continue
         if not uuid:
             reading.problems.append(f"GPU {index}: no UUID; skipped")
             continue

@@ -36,6 +36,7 @@ class Sources:
     kmsg: int | None = None  # file descriptor, non-blocking, positioned at the end at start
     redfish: redfish.RedfishClient | None = None
     problems: dict[str, str] = field(default_factory=dict)
+    uuids: dict[int, str] = field(default_factory=dict)  # index -> UUID, remembered for GPUs that get lost
 
 
 def discover(host: str, *, ib_root: Path, kmsg_path: str | None, redfish_client=None, nvml_module=None) -> Sources:
@@ -82,6 +83,11 @@ def _gpus(src: Sources, batch: dict, problems: list[str]) -> None:
     if src.nvml is not None:
         reading = nvml.collect(src.nvml, host=src.host)
         problems.extend(f"nvml: {p}" for p in reading.problems)
+        src.uuids.update({g["index"]: g["uuid"] for g in reading.gpus})
+        for index in reading.lost:
+            if index in src.uuids:  # a lost GPU cannot tell its UUID any more: use the one it had
+                batch["events"].append({"host": src.host, "gpu_uuid": src.uuids[index], "kind": "fallen_off_bus",
+                                        "code": 79, "source": "nvml", "message": "NVML: GPU is lost"})
     elif src.nvidia_smi:
         out = subprocess.run([src.nvidia_smi, "-q", "-x"], capture_output=True, timeout=30, check=True).stdout
         reading = nvsmi.parse_nvsmi_xml(out, host=src.host)

@@ -29,6 +29,10 @@ class NVMLError_Unknown(NVMLError):  # noqa: N801
     pass
 
 
+class NVMLError_GpuIsLost(NVMLError):  # noqa: N801
+    pass
+
+
 @dataclass
 class FakeGpu:
     """One device's readings in NVML units; None means the call raises NotSupported."""
@@ -52,6 +56,7 @@ class FakeGpu:
     nvlinks: list[dict] | None = None  # one dict of counter -> value per link; None = not supported
     mig: list[tuple[int, int, int]] | None = None  # (gi, ci, used bytes) when MIG is on
     broken: set[str] = field(default_factory=set)  # function names that raise NVMLError_Unknown
+    lost: bool = False  # fallen off the bus: every call raises NVMLError_GpuIsLost
 
 
 def h200_from_capture() -> FakeGpu:
@@ -71,6 +76,7 @@ def make_nvml(gpus: list[FakeGpu], driver: str = "580.159.04"):
     events: deque = deque()
     ns = SimpleNamespace(
         NVMLError=NVMLError, NVMLError_NotSupported=NVMLError_NotSupported, NVMLError_Timeout=NVMLError_Timeout,
+        NVMLError_GpuIsLost=NVMLError_GpuIsLost,
         NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_TEMPERATURE_GPU=0, NVML_PCIE_UTIL_TX_BYTES=0,
         NVML_PCIE_UTIL_RX_BYTES=1, NVML_MEMORY_ERROR_TYPE_CORRECTED=0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
         NVML_VOLATILE_ECC=0, NVML_AGGREGATE_ECC=1, NVML_FEATURE_ENABLED=1, NVML_SUCCESS=0,
@@ -79,6 +85,8 @@ def make_nvml(gpus: list[FakeGpu], driver: str = "580.159.04"):
 
     def api(fn):
         def wrapper(h, *args):
+            if getattr(h, "lost", False):
+                raise NVMLError_GpuIsLost("GPU is lost")
             if fn.__name__ in h.broken:
                 raise NVMLError_Unknown("Unknown Error")
             return fn(h, *args)

@@ -58,3 +58,15 @@ def test_agent_command_without_nvml_or_server_spools_and_exits(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "nvml unavailable" in proc.stderr
     assert "django" not in proc.stderr.lower()
+
+
+def test_gpu_falling_off_the_bus_becomes_an_event_with_its_last_known_uuid(tmp_path):
+    gpus = [h200_from_capture()]
+    src = discover("h200-node", ib_root=tmp_path / "none", kmsg_path=None, nvml_module=make_nvml(gpus))
+    first, _ = collect_batch(src)
+    assert len(first["gpus"]) == 1 and "events" not in first
+    gpus[0].lost = True
+    second, problems = collect_batch(src)
+    assert "gpus" not in second
+    assert second["events"] == [{"host": "h200-node", "gpu_uuid": gpus[0].uuid, "kind": "fallen_off_bus",
+                                 "code": 79, "source": "nvml", "message": "NVML: GPU is lost"}]

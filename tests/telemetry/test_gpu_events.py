@@ -109,3 +109,11 @@ def test_event_api_lists_with_meaning_and_action(post, admin_client):
 
 def test_event_api_needs_login(client):
     assert client.get("/api/v1/events").status_code == 401
+
+
+def test_nvlink_error_growth_opens_event_but_a_baseline_does_not(post):
+    post({"gpus": [_gpu("GPU-1", T0, nvlink_crc_flit_errors=7, nvlink_replay_errors=3)]})
+    assert _events() == []  # the first sight is a baseline
+    post({"gpus": [_gpu("GPU-1", T0 + timedelta(seconds=10), nvlink_crc_flit_errors=9, nvlink_replay_errors=4)]})
+    post({"gpus": [_gpu("GPU-1", T0 + timedelta(seconds=20), nvlink_crc_flit_errors=19, nvlink_replay_errors=4)]})
+    assert _events() == [("nvlink_errors", 0, 13, None)]

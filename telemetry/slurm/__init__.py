@@ -1,0 +1,1 @@
+"""Slurm integration: pure parsers for squeue/sacct/scontrol/sinfo/slurmrestd outputs."""

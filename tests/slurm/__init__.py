@@ -1,0 +1,1 @@
+"""Tests for the Slurm parsers and the local-cluster harness."""
