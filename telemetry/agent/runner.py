@@ -142,7 +142,8 @@ def _bmc(src: Sources, batch: dict, problems: list[str]) -> None:
     if src.redfish is None:
         return
     reading = redfish.collect(src.redfish, host=src.host)
-    batch["power"].extend(reading.power)
+    # Naming the host lets the server register this node's BMC readings as its power device.
+    batch["power"].extend({**rec, "host": src.host} for rec in reading.power)
     problems.extend(f"redfish: {p}" for p in reading.problems)
 
 

@@ -199,9 +199,16 @@ class Resolver:
             )
 
     def power_ids(self, frame: Frame, batch: Batch) -> tuple[Frame, list]:
-        """Resolve power devices; unknown devices are rejected (import them with the topology)."""
+        """Resolve power devices. An unknown device reported by a node's BMC (the record names its
+        host) is registered and linked to that node; any other unknown device is rejected (facility
+        devices come from the topology, so a typo cannot invent a PDU)."""
         names = frame.ident["device"]
         self._lookup_names("power", "telemetry_powerdevice", "name", set(names))
+        hosts = frame.ident.get("host") or [None] * frame.n
+        kinds = frame.ident.get("device_kind") or [None] * frame.n
+        new = {n: (h, k) for n, h, k in zip(names, hosts, kinds, strict=True) if h and self.get("power", n) is None}
+        if new:
+            self._register_node_power(new)
         ids = self._ids("power", names)
         keep = [i for i, x in enumerate(ids) if x is not None]
         for i in sorted(set(range(frame.n)) - set(keep)):
@@ -209,6 +216,25 @@ class Resolver:
         if len(keep) < frame.n:
             frame, ids = frame.take(keep), [ids[i] for i in keep]
         return frame, ids
+
+    def _register_node_power(self, new: dict[str, tuple[str, str | None]]) -> None:
+        valid = {"psu", "pdu", "power_shelf", "cooling_loop"}
+        self.nodes({host for host, _ in new.values()})
+        names = list(new)
+        with connection.cursor() as cur:
+            cur.execute(
+                "INSERT INTO telemetry_powerdevice (name, kind) SELECT * FROM unnest(%s::text[], %s::text[]) "
+                "ON CONFLICT (name) DO NOTHING RETURNING id",
+                [names, [k if k in valid else "psu" for _, k in new.values()]],
+            )
+            self._count("power", len(cur.fetchall()))
+            cur.execute("SELECT name, id FROM telemetry_powerdevice WHERE name = ANY(%s)", [names])
+            self.pending["power"].update(cur.fetchall())
+            cur.execute(
+                "INSERT INTO telemetry_powerdevice_nodes (powerdevice_id, node_id) "
+                "SELECT * FROM unnest(%s::bigint[], %s::bigint[]) ON CONFLICT DO NOTHING",
+                [[self.get("power", n) for n in names], [self.get("node", new[n][0]) for n in names]],
+            )
 
     def _lookup_names(self, kind: str, table: str, column: str, names: set[str]) -> None:
         missing = [n for n in names if self.get(kind, n) is None]

@@ -30,7 +30,9 @@ IDENTITY = {
     "gpu": ({"host": str, "uuid": str}, {"index": int, "model": str, "pci_bus_id": str, "serial": str, "driver": str}),
     "mig": ({"host": str, "gpu_uuid": str, "gi_id": int}, {"ci_id": int, "profile": str, "gpu_index": int}),
     "port": ({"port": str}, {"host": str, "switch": str, "guid": str, "link_layer": str}),
-    "power": ({"device": str}, {}),
+    # `host` on a power record: the node whose BMC reported it; an unknown device named with a host
+    # is registered (kind `device_kind`, default psu) and linked to that node.
+    "power": ({"device": str}, {"host": str, "device_kind": str}),
 }
 COLLECTION_KEYS = {"gpus": "gpu", "migs": "mig", "ports": "port", "power": "power"}
 RECORD_COMMON = {"time", "fields", "extra", "kind"}

@@ -304,3 +304,16 @@ def test_rolled_back_batch_does_not_leave_a_missing_stage_behind():
     write_batch(batch(T0 + timedelta(seconds=10)), collector="t", fmt="json")
     write_batch(batch(T0 + timedelta(seconds=20)), collector="t", fmt="json")
     assert _count("telemetry_gpu_sample") == 2
+
+
+def test_bmc_power_registers_a_device_for_its_node_but_a_bare_unknown_device_is_rejected(post):
+    from telemetry.models import PowerDevice
+
+    bmc = {"device": "node-a/bmc", "host": "node-a", "time": T0.isoformat(), "fields": {"watts": 5200.0}}
+    typo = {"device": "pdu-typo", "time": T0.isoformat(), "fields": {"watts": 1.0}}
+    resp = post({"power": [bmc, typo]})
+    assert resp.status_code == 200 and resp.json()["rejected"] == 1
+    dev = PowerDevice.objects.get(name="node-a/bmc")
+    assert dev.kind == "psu" and [n.hostname for n in dev.nodes.all()] == ["node-a"]
+    assert not PowerDevice.objects.filter(name="pdu-typo").exists()
+    assert _count("telemetry_power_sample") == 1
