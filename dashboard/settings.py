@@ -182,6 +182,12 @@ STALE_AFTER = timedelta(seconds=_env_int("STALE_AFTER_SECONDS", 180))
 # dcgm-exporter endpoints pulled by the beat scraper are ScrapeTarget rows
 # (`manage.py scrape_targets add URL`, or the admin); each fetch gives up after this long.
 SCRAPE_TIMEOUT_SECONDS = _env_int("SCRAPE_TIMEOUT_SECONDS", 5)
+# Slurm jobs and the GPU allocation ledger, polled through the Slurm CLI every 30 s when enabled.
+# SLURM_COMMAND_PREFIX runs the commands elsewhere, e.g. "ssh slurm-head".
+SLURM_SYNC = _env_bool("SLURM_SYNC", False)
+SLURM_COMMAND_PREFIX = _env("SLURM_COMMAND_PREFIX", "") or ""
+if SLURM_SYNC:
+    CELERY_BEAT_SCHEDULE["slurm"] = {"task": "telemetry.tasks.sync_slurm", "schedule": timedelta(seconds=30)}
 
 LOGGING = {
     "version": 1,

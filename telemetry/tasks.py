@@ -69,3 +69,15 @@ def scrape_one(target_id: int) -> int:
         return 0
     result = scrape_target(target)
     return result.accepted if result else 0
+
+
+# --- Schedulers ------------------------------------------------------------------------------
+@shared_task(name="telemetry.tasks.sync_slurm", acks_late=True)
+def sync_slurm() -> dict[str, int]:
+    """Poll Slurm (squeue, scontrol -d, sacct) into jobs and the allocation ledger."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    from telemetry.slurm.poll import cli_runner, poll_slurm
+
+    return poll_slurm(cli_runner(settings.SLURM_COMMAND_PREFIX), now=timezone.now())

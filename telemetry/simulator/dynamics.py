@@ -13,6 +13,11 @@ One step, in order:
 4. every GPU of every reporting node advances (power, clocks, thermals, counters);
 5. the fabric's rates follow the jobs' traffic and its counters advance;
 6. the PDUs and cooling loops follow the racks' power.
+
+Scripted scenarios (`telemetry.simulator.scenarios`) are armed on the first tick, before the
+scheduler fills the cluster (so they can claim idle nodes for their jobs), act on the state
+after the reboots of step 2, and add their events to the finished tick. Nodes a scenario holds
+get no random faults, so the scripted story is the only one their telemetry tells.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ class Tick:
     """One instant's records, per rack, with what happened since the previous tick."""
 
     time: datetime
-    batches: list[dict]  # {"rack": name, "gpus": [...], "ports": [...], "power": [...]}
+    batches: list[dict]  # {"rack": name, "gpus": [...], "ports": [...], "power": [...], "events": [...]}
     events: list[str] = field(default_factory=list)
+    training: list[dict] = field(default_factory=list)  # per-rank step records from scenarios
     stats: dict = field(default_factory=dict)
     rebooted: list[str] = field(default_factory=list)  # hosts whose counters restart from zero
 
@@ -49,8 +55,11 @@ class Tick:
 
     def body(self, batch: dict) -> dict:
         """The ingest request body for one rack's batch."""
-        return {"time": self.iso, "gpus": batch["gpus"], "migs": [], "ports": batch["ports"],
+        body = {"time": self.iso, "gpus": batch["gpus"], "migs": [], "ports": batch["ports"],
                 "power": batch["power"]}
+        if batch.get("events"):
+            body["events"] = batch["events"]
+        return body
 
     def records(self, kind: str) -> list[dict]:
         """Every record of `kind` ("gpus", "ports" or "power") across the racks."""
@@ -61,8 +70,10 @@ class Cluster:
     """State of the whole simulated cluster between ticks."""
 
     def __init__(self, layout: Layout, *, seed: int = 1, interval: float = 10.0,
-                 scheduling: bool = True, faults: bool = True):
+                 scheduling: bool = True, faults: bool = True, scenarios=None):
         self.layout, self.interval, self.faults_enabled = layout, interval, faults
+        self.scenarios = scenarios  # a scenarios.ScenarioSet, or None
+        self.held: set[int] = set()  # nodes a scenario holds: no random faults there
         self.rng = rng = random.Random(f"breakwater-simulator:{seed}")
         uptimes = [rng.uniform(1, 60) * DAY_S for _ in layout.nodes]
         flat = [(i, g) for i, n in enumerate(layout.nodes) for g in n.gpus]
@@ -109,11 +120,14 @@ class Cluster:
         dt = 0.0 if first else max(0.0, t - self.last)
         events = self._faults(t, dt) if self.faults_enabled and dt else []
         events += self._reboots(t)
+        if self.scenarios is not None:
+            events += self.scenarios.arm(self, t) if first else []
+            events += self.scenarios.before(t, dt)
         events += self.scheduler.step(t, warm=first)
         for job in self.scheduler.jobs.values():
             job.activity(t)
         inlets = self.facility.inlets(t, dt)
-        batches = [{"rack": r.name, "gpus": [], "ports": [], "power": []}
+        batches = [{"rack": r.name, "gpus": [], "ports": [], "power": [], "events": []}
                    for r in self.layout.racks]
         rack_watts, node_bps, node_cross = self._advance_gpus(t, dt, inlets, batches, first)
         self.fabric.step(dt, node_bps, node_cross)
@@ -122,6 +136,8 @@ class Cluster:
         self.last = t
         tick = Tick(now, batches, events, rebooted=self._rebooted)
         self._rebooted = []
+        if self.scenarios is not None:
+            self.scenarios.after(tick)
         tick.stats = self._stats(tick, it_w, started)
         return tick
 
@@ -180,13 +196,14 @@ class Cluster:
         for i in self.maintenance.sample(rng, dt):
             # Maintenance takes an idle node (the scheduler drained it), never a running job.
             busy = self.scheduler.node_job[i] is not None
-            if not busy and i not in self.down_until and i not in self.reboot_at:
+            free = i not in self.down_until and i not in self.reboot_at and i not in self.held
+            if not busy and free:
                 self.reboot_at[i] = (t + rng.uniform(0, dt), "maintenance")
                 self.scheduler.unavailable.add(i)
         return events + self.fabric.faults(dt)
 
     def _reporting(self, i: int, g: SimGpu) -> bool:
-        return i not in self.down_until and not g.dead
+        return i not in self.down_until and not g.dead and i not in self.held
 
     def _xid(self, i: int, g: SimGpu, t: float) -> list[str]:
         code = self.rng.choices(F.XID_CODES, F.XID_WEIGHTS)[0]

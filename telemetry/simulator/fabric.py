@@ -38,7 +38,7 @@ class SimPort:
     """One port's counters and this tick's rates (bytes per second each way)."""
 
     __slots__ = ("key", "owner", "name", "rack", "peer", "node", "c", "tx", "rx", "bias", "hot",
-                 "marginal", "state")
+                 "marginal", "state", "silent")
 
     def __init__(self, key: str, owner: str, name: str, rack: int, bias: float,
                  counters: list[int]):
@@ -51,6 +51,7 @@ class SimPort:
         self.hot = 1.0
         self.marginal = False
         self.state = STATE_ACTIVE
+        self.silent = False  # a host port whose node is down: nobody runs perfquery on it
 
     def record(self) -> dict:
         fields = dict(zip(PORT_COUNTERS, self.c, strict=True))
@@ -138,6 +139,7 @@ class Fabric:
         """A node went down: its agent stops reporting, its leaf ports see the link drop."""
         for p in self.hca[i]:
             p.state = p.peer.state = STATE_DOWN
+            p.silent = True
             p.peer.c[DOWNED] += 1
 
     def node_up(self, i: int) -> None:
@@ -145,6 +147,7 @@ class Fabric:
         for p in self.hca[i]:
             p.c = [0] * len(PORT_COUNTERS)
             p.state = p.peer.state = STATE_ACTIVE
+            p.silent = False
 
     def faults(self, dt: float) -> list[str]:
         events = []
@@ -183,8 +186,8 @@ class Fabric:
     def records(self, batches: list[dict]) -> None:
         """Append every reporting port's record to its rack's batch."""
         for p in self.ports.values():
-            if p.state == STATE_DOWN and p.key == "host":
-                continue  # the node is down: nobody runs perfquery on it
+            if p.silent:
+                continue  # a flapping link still reports (state 1); a node that is down does not
             batches[p.rack]["ports"].append(p.record())
 
 

@@ -64,6 +64,10 @@ class Facility:
                           for name, r in layout.pdus]
         self.pdu_energy = [rng.uniform(1e10, 1e12) for _ in layout.pdus]
         self.settled = False
+        # Set by scenarios: loop -> (share of the flow its pumps still move, extra supply kelvin),
+        # and rack -> watts its draw is lifted to (an unmetered load on the rack's feeds).
+        self.loop_fault: dict[int, tuple[float, float]] = {}
+        self.rack_floor_w: dict[int, float] = {}
 
     def inlets(self, t: float, dt: float) -> list[float]:
         """Advance the loops' supply temperature and return each rack's coolant inlet."""
@@ -72,11 +76,14 @@ class Facility:
         for k in range(len(self.loops)):
             target = SUPPLY_SETPOINT_C + 1.5 * outdoor + self.loop_offset[k]
             self.supply[k] += (target - self.supply[k]) * a + self.rng.uniform(-0.03, 0.03)
-        return [self.supply[self.rack_loop[i]] + off for i, off in enumerate(self.rack_offset)]
+        supply = [s + self.loop_fault.get(k, (1.0, 0.0))[1] for k, s in enumerate(self.supply)]
+        return [supply[self.rack_loop[i]] + off for i, off in enumerate(self.rack_offset)]
 
     def step(self, t: float, dt: float, node_watts: list[float], batches: list[dict]) -> float:
         """PDU and loop records for this tick; returns the cluster's IT power in watts."""
         rack_it = [n + leaf for n, leaf in zip(node_watts, self.leaf_watts, strict=True)]
+        for r, floor in self.rack_floor_w.items():
+            rack_it[r] = max(rack_it[r], floor + self.rng.uniform(-150, 150))
         for k, (name, r) in enumerate(self.pdus):
             watts = rack_it[r] * self.pdu_share[k] + PDU_SELF_W + self.rng.uniform(-8, 8)
             self.pdu_energy[k] += watts * dt
@@ -97,14 +104,16 @@ class Facility:
         want = min(3000.0, max(150.0, heat / (WATER_J_PER_L_K * self.design_rise[k]) * 60))
         a = 1.0 if not self.settled else 1 - math.exp(-dt / TAU_FLOW_S)
         self.flow[k] += (want - self.flow[k]) * a + self.rng.uniform(-2.0, 2.0)
-        rise = heat / (self.flow[k] / 60 * WATER_J_PER_L_K)
+        share, extra_k = self.loop_fault.get(k, (1.0, 0.0))
+        flow, supply = self.flow[k] * share, self.supply[k] + extra_k  # a failed pump or CDU
+        rise = heat / (flow / 60 * WATER_J_PER_L_K)
         load = min(1.0, it_w / (racks * RACK_POWER_CAP_W))
         # Chillers work harder on a hot afternoon and less efficiently at part load.
         pue = 1.18 + 0.12 * diurnal(t) + 0.08 * (1 - load)
         return {
-            "coolant_supply_temp": round(self.supply[k], 2),
-            "coolant_return_temp": round(self.supply[k] + rise, 2),
-            "flow_lpm": round(self.flow[k], 1),
-            "watts": round(800 + 2.5 * self.flow[k], 1),  # CDU pumps
+            "coolant_supply_temp": round(supply, 2),
+            "coolant_return_temp": round(supply + rise, 2),
+            "flow_lpm": round(flow, 1),
+            "watts": round(800 + 2.5 * flow, 1),  # CDU pumps
             "facility_watts": round(it_w * pue, 1),
         }

@@ -54,7 +54,7 @@ class SimGpu:
 
     __slots__ = (
         "host", "spec", "idle_w", "eff", "rth", "rth_mem", "weak", "temp", "mem_temp", "power",
-        "dead", "xid", "fb_used", "remap_pending", "remap_failure", *COUNTERS,
+        "dead", "xid", "fb_used", "remap_pending", "remap_failure", "pace", *COUNTERS,
     )
 
     def __init__(self, host: str, spec: GpuSpec, rng: random.Random, *, weak: bool, hot: bool,
@@ -67,6 +67,7 @@ class SimGpu:
         self.rth_mem = rng.uniform(0.058, 0.068)
         self.dead = False
         self.xid = self.fb_used = self.remap_pending = self.remap_failure = 0
+        self.pace = 1.0  # share of its job's speed it keeps; a straggler scenario lowers it
         self.power = self.idle_w
         self.temp = self.mem_temp = 30.0
         self.energy_mj = int(uptime_s * rng.uniform(250, 450) * 1000)
@@ -117,7 +118,7 @@ class SimGpu:
         return self._record(power, clock, reasons, job, dt, noise)
 
     def _busy(self, t: float, job: Job, noise: float) -> tuple[float, int, int]:
-        act = job.act
+        act = job.act * self.pace
         demand = self.idle_w + (POWER_LIMIT_W - self.idle_w) * job.power * act * self.eff
         demand *= 1 + 0.015 * noise
         clock, reasons = MAX_SM_MHZ, 0
@@ -137,7 +138,7 @@ class SimGpu:
             util = sm = tensor = dram = fp64 = nvl = 0.0
             pcie_tx, pcie_rx = 2.0e5, 4.5e5
         else:
-            act = job.act * (1 + 0.01 * noise)
+            act = job.act * self.pace * (1 + 0.01 * noise)
             util, sm, tensor, dram = job.util * act, job.sm * act, job.tensor * act, job.dram * act
             fp64, nvl = job.fp64 * act, job.nvlink_bps * act
             pcie_tx, pcie_rx = job.pcie_bps * 0.3 * act, job.pcie_bps * act

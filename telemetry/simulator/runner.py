@@ -146,5 +146,5 @@ def progress_line(tick: Tick, s: Summary) -> str:
 
 
 def _has_records(batch: dict) -> bool:
-    return bool(batch["gpus"] or batch["ports"] or batch["power"])
+    return bool(batch["gpus"] or batch["ports"] or batch["power"] or batch.get("events"))
 

@@ -41,3 +41,23 @@ def test_ledger_from_live_slurm_matches_sacct(slurm_cluster: SlurmCluster) -> No
         assert job.start_time == parse_slurm_time(start) and job.end_time == parse_slurm_time(end)
         assert job.allocations.filter(end=job.end_time).count() == gpus  # every GPU closed at the job's end
     assert JobStateChange.objects.filter(state="completed").count() == 2
+
+
+def test_poller_syncs_live_slurm_through_the_cli(slurm_cluster: SlurmCluster) -> None:
+    from telemetry.slurm.poll import poll_slurm
+
+    c = slurm_cluster
+    job_id = c.sbatch("--gres=gpu:3", "-J", "polled", wrap="sleep 2")
+
+    def run(argv: list[str]) -> str:
+        return c.run(*argv).stdout
+
+    c.wait_for("running", lambda: job_id in c.run("squeue", "-h", "-t", "R", "-o", "%i").stdout.split(), 20)
+    poll_slurm(run, now=datetime.now(UTC))
+    job = Job.objects.get(source="slurm", external_id=job_id)
+    assert job.state == "running" and job.allocations.filter(end__isnull=True).count() == 3
+    c.wait_for("recorded as completed",
+               lambda: "COMPLETED" in c.sacct_text("JobID", "State", extra=("-j", job_id)), 30)
+    poll_slurm(run, now=datetime.now(UTC))
+    job.refresh_from_db()
+    assert job.state == "completed" and not job.allocations.filter(end__isnull=True).exists()

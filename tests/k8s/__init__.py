@@ -1,0 +1,1 @@
+"""Tests for the Kubernetes integration (telemetry/k8s)."""
