@@ -25,6 +25,27 @@ class CollectorTokenAdmin(admin.ModelAdmin):
     readonly_fields = ("prefix", "token_hash", "created", "last_used")
 
 
+@admin.register(models.AgentStatus)
+class AgentStatusAdmin(admin.ModelAdmin):
+    list_display = ("hostname", "collector", "reported_at")
+    search_fields = ("hostname",)
+    readonly_fields = ("hostname", "collector", "reported_at", "health")
+
+
+@admin.register(models.GpuEvent)
+class GpuEventAdmin(admin.ModelAdmin):
+    list_display = ("gpu", "kind", "code", "count", "first_seen", "last_seen", "cleared_at")
+    list_filter = ("kind", "code")
+    search_fields = ("gpu__uuid", "gpu__node__hostname")
+
+
+@admin.register(models.Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("source", "external_id", "name", "account", "state", "gpu_count", "start_time", "end_time")
+    list_filter = ("source", "state", "partition")
+    search_fields = ("external_id", "name", "user", "account")
+
+
 @admin.register(models.ScrapeTarget)
 class ScrapeTargetAdmin(admin.ModelAdmin):
     list_display = ("url", "enabled", "hostname", "last_scrape", "last_samples", "last_error")

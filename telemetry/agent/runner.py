@@ -147,6 +147,19 @@ def _bmc(src: Sources, batch: dict, problems: list[str]) -> None:
     problems.extend(f"redfish: {p}" for p in reading.problems)
 
 
+def agent_report(src: Sources, pusher: Pusher, problems: list[str]) -> dict:
+    """The agent's own health, sent with every batch (the server keeps the newest per host)."""
+    h = pusher.health
+    return {
+        "host": src.host, "sent_batches": h.sent_batches, "sent_samples": h.sent_samples,
+        "spooled_batches": h.spooled_batches, "dropped_samples": dict(h.dropped_samples),
+        "last_error": h.last_error[:500], "last_success": h.last_success,
+        "sources": {"nvml": src.nvml is not None, "nvidia_smi": bool(src.nvidia_smi), "kmsg": src.kmsg is not None,
+                    "infiniband": src.ib_root is not None, "redfish": src.redfish is not None},
+        "unavailable": dict(src.problems), "problems": problems[:20],
+    }
+
+
 def run(src: Sources, pusher: Pusher, *, interval: float, ticks: int | None = None) -> None:
     """Collect and push every `interval` seconds, aligned to the wall clock, until stopped."""
     done = 0
@@ -154,7 +167,8 @@ def run(src: Sources, pusher: Pusher, *, interval: float, ticks: int | None = No
         batch, problems = collect_batch(src)
         for p in problems[:20]:
             log.warning("%s", p)
-        delivered = pusher.push(batch) if batch else True
+        batch["agent"] = agent_report(src, pusher, problems)
+        delivered = pusher.push(batch)
         h = pusher.health
         log.info("tick: %d GPUs, %d ports, %d events; %s; sent=%d spooled=%d dropped=%s",
                  len(batch.get("gpus", [])), len(batch.get("ports", [])), len(batch.get("events", [])),

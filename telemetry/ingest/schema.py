@@ -110,6 +110,7 @@ class Batch:
     rejected: int = 0
     rejections: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)  # validated fault events (ingest/events.py)
+    agent: dict | None = None  # the pushing agent's self-report
 
     def reject(self, where: str, reason: str, samples: int = 1) -> None:
         self.rejected += samples
@@ -302,7 +303,7 @@ def parse_json(body: bytes, times: TimeParser) -> Batch:
     doc = _loads(body, "")
     if not isinstance(doc, dict):
         raise BatchError("$", f"the batch must be a JSON object, got {type(doc).__name__}")
-    unknown = set(doc) - set(COLLECTION_KEYS) - {"time", "collector", "events"}
+    unknown = set(doc) - set(COLLECTION_KEYS) - {"time", "collector", "events", "agent"}
     if unknown:
         raise BatchError(
             f"$.{sorted(unknown)[0]}", f"unknown key (expected one of time, {', '.join(COLLECTION_KEYS)}, events)"
@@ -325,7 +326,19 @@ def parse_json(body: bytes, times: TimeParser) -> Batch:
         for i, rec in enumerate(recs):
             add_record(batch, kind, rec, f"$.{key}[{i}]", times, default_time)
     _add_events(batch, doc.get("events"), times, default_time)
+    batch.agent = _agent(doc.get("agent"))
     return batch
+
+
+def _agent(raw) -> dict | None:
+    """The agent's self-report: {"host": str, ...health counters}; kept small and JSON-only."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("host"), str) or not raw["host"].strip():
+        raise BatchError("$.agent", "must be an object with a non-empty 'host'")
+    if len(json.dumps(raw)) > 16_384:
+        raise BatchError("$.agent", "the agent report is larger than 16 KiB")
+    return raw
 
 
 def _add_events(batch: Batch, events, times: TimeParser, default_time, where: str | None = None) -> None:

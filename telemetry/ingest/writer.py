@@ -34,7 +34,7 @@ from telemetry.fields import KINDS
 from telemetry.ingest.entities import Resolver, check_generation, resolve_events
 from telemetry.ingest.faults import DERIVE_FIELDS, derive
 from telemetry.ingest.schema import Batch, Frame
-from telemetry.models import IngestBatch
+from telemetry.models import AgentStatus, IngestBatch
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +248,11 @@ def write_batch(batch: Batch, *, collector: str, fmt: str, body_bytes: int = 0) 
                     narrow.extend(_narrow_rows(frame, ids))
         result.rows["narrow"] = _write_narrow(narrow)
         result.events = _write_events(batch, resolver, faults)
+        if batch.agent:
+            AgentStatus.objects.update_or_create(
+                hostname=batch.agent["host"][:253],
+                defaults={"collector": collector[:128], "reported_at": datetime.now(UTC), "health": batch.agent},
+            )
         result.accepted += len(narrow)
         result.rejected = batch.rejected
         result.registered = resolver.registered

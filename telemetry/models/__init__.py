@@ -1,7 +1,7 @@
 """Telemetry models, split by domain and re-exported here."""
 
 from .events import GpuEvent, GpuEventKind
-from .ingest import CollectorToken, IngestBatch, RollupWatermark, ScrapeTarget
+from .ingest import AgentStatus, CollectorToken, IngestBatch, RollupWatermark, ScrapeTarget
 from .inventory import (
     Gpu,
     Hall,
@@ -28,7 +28,7 @@ from .samples import (
 
 __all__ = [
     "Allocation", "Job", "JobState", "JobStateChange", "TrainingStep",
-    "CollectorToken", "IngestBatch", "RollupWatermark", "ScrapeTarget", "GpuEvent", "GpuEventKind",
+    "AgentStatus", "CollectorToken", "IngestBatch", "RollupWatermark", "ScrapeTarget", "GpuEvent", "GpuEventKind",
     "Gpu", "Hall", "HealthState", "Link", "MigInstance", "Node", "NodeState", "NvlinkDomain",
     "Port", "PowerDevice", "Rack", "Row", "Site", "Switch",
     "SAMPLE_MODELS", "NarrowSample", "NarrowSample1m", "NarrowSample1h",

@@ -79,3 +79,15 @@ class RollupWatermark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} until {self.done_until:%Y-%m-%d %H:%M}"
+
+
+class AgentStatus(models.Model):
+    """The newest self-report of one node agent: delivery health and which sources work."""
+
+    hostname = models.CharField(max_length=253, unique=True)
+    collector = models.CharField(max_length=128)
+    reported_at = models.DateTimeField()
+    health = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return f"{self.hostname} @ {self.reported_at:%Y-%m-%d %H:%M:%S}"

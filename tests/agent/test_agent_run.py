@@ -70,3 +70,17 @@ def test_gpu_falling_off_the_bus_becomes_an_event_with_its_last_known_uuid(tmp_p
     assert "gpus" not in second
     assert second["events"] == [{"host": "h200-node", "gpu_uuid": gpus[0].uuid, "kind": "fallen_off_bus",
                                  "code": 79, "source": "nvml", "message": "NVML: GPU is lost"}]
+
+
+def test_agent_reports_its_health_and_the_server_keeps_the_newest(asgi_server, tmp_path):
+    from telemetry.agent.runner import run
+    from telemetry.models import AgentStatus
+
+    token = do_create_collector_token("agent-health")
+    src = discover("health-node", ib_root=tmp_path / "none", kmsg_path=None,
+                   nvml_module=make_nvml([h200_from_capture()]))
+    pusher = Pusher(asgi_server.url, token, tmp_path / "spool")
+    run(src, pusher, interval=0.01, ticks=2)
+    status = AgentStatus.objects.get(hostname="health-node")
+    assert status.collector == "agent-health"
+    assert status.health["sent_batches"] == 1 and status.health["sources"]["nvml"] is True  # 1 sent before the 2nd
