@@ -3,18 +3,25 @@
 `./dev up` runs ``simulate --server URL --token-file FILE $BW_SIM_ARGS``. The command imports
 the cluster's topology (unless --no-topology), waits for the server, optionally backfills
 history, then ticks on the wall clock and prints one line per tick.
+
+``--scenario NAME[@START_MINUTES][:ENTITY]`` (repeatable) scripts failures on the cluster and
+writes their ground truth as JSON lines to ``--truth`` (default ``var/scenarios/<first tick>.jsonl``);
+``--scenario-speed`` plays their timelines faster. See `telemetry.simulator.scenarios`.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from telemetry.simulator.client import AuthError, IngestClient
 from telemetry.simulator.dynamics import Cluster
 from telemetry.simulator.runner import Runner, ServerUnavailable
+from telemetry.simulator.scenarios import SCENARIOS, ScenarioError, ScenarioSet, parse_spec
 from telemetry.simulator.topology import Layout, build_layout, topology_document
 from telemetry.topology import TopologyError, do_import_topology
 
@@ -54,6 +61,13 @@ class Command(BaseCommand):
         parser.add_argument("--wait-timeout", type=float, default=0.0, metavar="SECONDS",
                             help="Give up if the server does not answer in time "
                                  "(default: wait forever)")
+        parser.add_argument("--scenario", action="append", type=parse_spec, default=[],
+                            metavar="NAME[@START_MINUTES][:ENTITY]",
+                            help="Script a failure (repeatable): " + ", ".join(SCENARIOS))
+        parser.add_argument("--scenario-speed", type=_positive(float), default=1.0, metavar="FACTOR",
+                            help="Play scenario timelines FACTOR times faster (default 1)")
+        parser.add_argument("--truth", type=Path, metavar="FILE",
+                            help="Ground-truth JSON lines (default var/scenarios/<first tick>.jsonl)")
 
     def handle(self, *args, **opts) -> None:
         token = self._token(opts)
@@ -64,7 +78,8 @@ class Command(BaseCommand):
         self._describe(layout)
         if not opts["no_topology"]:
             self._import(layout)
-        cluster = Cluster(layout, seed=opts["seed"], interval=opts["interval"])
+        cluster = Cluster(layout, seed=opts["seed"], interval=opts["interval"],
+                          scenarios=self._scenarios(opts))
         try:
             client = IngestClient(opts["server"], token, concurrency=opts["concurrency"])
         except ValueError as exc:
@@ -75,7 +90,7 @@ class Command(BaseCommand):
             self._run(runner, opts)
         except AuthError as exc:
             raise CommandError(f"the server refused the collector token: {exc}") from exc
-        except ServerUnavailable as exc:
+        except (ServerUnavailable, ScenarioError) as exc:
             raise CommandError(str(exc)) from exc
         except KeyboardInterrupt:
             self.stdout.write("stopped")
@@ -87,6 +102,12 @@ class Command(BaseCommand):
         if opts["backfill"]:
             runner.backfill(opts["backfill"])
         runner.run(1 if opts["once"] else opts["ticks"])
+
+    def _scenarios(self, opts: dict) -> ScenarioSet | None:
+        if not opts["scenario"]:
+            return None
+        truth = opts["truth"] or _default_truth
+        return ScenarioSet(opts["scenario"], seed=opts["seed"], speed=opts["scenario_speed"], truth=truth)
 
     def _token(self, opts: dict) -> str:
         if opts["token"]:
@@ -119,3 +140,9 @@ class Command(BaseCommand):
             raise CommandError(f"the simulated topology has {len(exc.issues)} problem(s)") from exc
         verdict = "imported" if result.changed else "already up to date"
         self.stdout.write(f"topology {verdict} in {time.perf_counter() - started:.1f} s")
+
+
+def _default_truth(t: float) -> Path:
+    """var/scenarios/<first tick, basic ISO 8601>.jsonl under the project."""
+    stamp = datetime.fromtimestamp(t, UTC).strftime("%Y%m%dT%H%M%SZ")
+    return Path(settings.BASE_DIR) / "var" / "scenarios" / f"{stamp}.jsonl"
