@@ -7,5 +7,5 @@ def test_django_system_checks_pass():
     call_command("check", fail_level="ERROR")
 
 
-def test_no_model_changes_without_a_migration():
+def test_no_model_changes_without_a_migration(db):  # makemigrations reads the applied-migration table
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
