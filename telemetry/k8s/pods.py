@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
@@ -176,8 +176,9 @@ def _state(pod: dict) -> tuple[str, str]:
     phase, reason = status.get("phase", "Unknown"), status.get("reason", "")
     disruption = _condition(status, "DisruptionTarget")
     disrupted = disruption.get("reason", "") if disruption and disruption.get("status") == "True" else ""
-    if reason in PREEMPT_REASONS or (disrupted in PREEMPT_REASONS and (phase == "Failed" or
-                                                                     meta.get("deletionTimestamp"))):
+    # A pod that already succeeded keeps its success even if it is removed for room afterwards.
+    if phase != "Succeeded" and (reason in PREEMPT_REASONS or (
+            disrupted in PREEMPT_REASONS and (phase == "Failed" or meta.get("deletionTimestamp")))):
         return "preempted", reason or disrupted
     if phase == "Succeeded":
         return "completed", reason
@@ -204,7 +205,9 @@ def _end(pod: dict, state: str, gone: bool, now: datetime) -> datetime | None:
     terminal_phase = status.get("phase") in {"Succeeded", "Failed"}
     if not (gone or terminal_phase):
         return None  # still running, or terminating within its grace period: the GPUs are still held
-    for kind in ("DisruptionTarget", "Ready"):
+    # Ready=False dates a terminal pod's end; a deleted pod may have been unready (crash-looping) long
+    # before it let go of its GPUs, so only the disruption or the deletion dates that.
+    for kind in ("DisruptionTarget", "Ready") if terminal_phase else ("DisruptionTarget",):
         cond = _condition(status, kind)
         if cond and cond.get("lastTransitionTime") and (kind == "DisruptionTarget" or cond.get("status") == "False"):
             return parse_time(cond["lastTransitionTime"])
@@ -216,7 +219,7 @@ def mark_deleted(pod: dict, now: datetime) -> dict:
     """A pod from a DELETED watch event (or missing from a re-list) is gone; a force-deleted one carries no
     deletionTimestamp, so stamp `now` on a copy."""
     meta = dict(pod.get("metadata") or {})
-    meta.setdefault("deletionTimestamp", now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    meta.setdefault("deletionTimestamp", now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return {**pod, "metadata": meta}
 
 

@@ -45,7 +45,7 @@ class Tick:
     time: datetime
     batches: list[dict]  # {"rack": name, "gpus": [...], "ports": [...], "power": [...], "events": [...]}
     events: list[str] = field(default_factory=list)
-    training: list[dict] = field(default_factory=list)  # per-rank step records from scenarios
+    training: list[dict] = field(default_factory=list)  # POST /api/v1/training bodies from scenarios
     stats: dict = field(default_factory=dict)
     rebooted: list[str] = field(default_factory=list)  # hosts whose counters restart from zero
 

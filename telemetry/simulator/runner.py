@@ -7,6 +7,8 @@
    run starts at once); a tick steps the cluster and sends one request per rack. A tick that
    overruns the interval is not made up: the loop skips to the present and says so.
 Each tick prints one line: time, GPUs, requests, accepted, rejected, build and send time.
+Training metrics from scenarios (`Tick.training`) go to ``/api/v1/training`` through a second
+client, when one is given; their failures are reported, never fatal.
 """
 
 from __future__ import annotations
@@ -18,10 +20,18 @@ from datetime import UTC, datetime
 
 from tqdm import tqdm
 
-from telemetry.simulator.client import IngestClient, Summary
+from telemetry.simulator.client import INGEST_PATH, IngestClient, Summary
 from telemetry.simulator.dynamics import Cluster, Tick
 
 MAX_EVENT_LINES = 5
+TRAINING_PATH = "/api/v1/training"
+
+
+def training_client(server: str, token: str, **kwargs) -> IngestClient:
+    """An `IngestClient` that posts to the training-metrics endpoint instead of ingest."""
+    client = IngestClient(server, token, **kwargs)
+    client.path = client.path.removesuffix(INGEST_PATH) + TRAINING_PATH
+    return client
 
 
 class ServerUnavailable(RuntimeError):
@@ -34,8 +44,9 @@ class Runner:
     def __init__(self, cluster: Cluster, client: IngestClient, *, interval: float,
                  write: Callable[[str], None], server: str = "",
                  clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, training: IngestClient | None = None):
         self.cluster, self.client, self.interval = cluster, client, interval
+        self.training = training
         self.write, self.server, self.clock, self.sleep = write, server, clock, sleep
         self.last_sent: float | None = None
         self._reasons_shown: set[str] = set()
@@ -112,6 +123,8 @@ class Runner:
             self.write(f"  … and {len(tick.events) - MAX_EVENT_LINES} more events")
         for err in summary.errors[:3]:
             self.write(f"  error: {err}")
+        if tick.stats.get("training_error"):
+            self.write(f"  training metrics not stored: {tick.stats['training_error']}")
         self._show_rejections(summary)
         return summary
 
@@ -127,6 +140,9 @@ class Runner:
         tick = self.cluster.step(datetime.fromtimestamp(t, UTC))
         started = time.perf_counter()
         summary = self.client.send_many([tick.body(b) for b in tick.batches if _has_records(b)])
+        if self.training is not None and tick.training:
+            sent = self.training.send_many(tick.training)
+            tick.stats["training_error"] = sent.errors[0] if sent.errors else ""
         tick.stats["send_ms"] = (time.perf_counter() - started) * 1000
         self.last_sent = t
         return summary, tick

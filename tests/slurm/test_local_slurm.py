@@ -39,14 +39,18 @@ def workload(slurm_cluster: SlurmCluster) -> Workload:
         "multi": c.sbatch("-N2", "--gres=gpu:2", "-J", "multi", "-A", "bwacct"),
         "one": c.sbatch("--gres=gpu:1", "-J", "one"),
     }
-    c.wait_for("jobs running", lambda: c.run("squeue", "-h", "-t", "R", "-o", "%i").stdout.split().__len__() == 3,
-               20)
+    # Other tests share this cluster (pytest-django runs DB tests first): look only at these jobs.
+    mine = ",".join(ids.values())
+    def running() -> int:
+        return len(c.run("squeue", "-h", "-t", "R", "-j", mine, "-o", "%i").stdout.split())
+
+    c.wait_for("jobs running", lambda: running() == 3, 20)
     detail = c.scontrol("show", "job", "-d")
     squeue = c.squeue_json()
 
     def all_recorded() -> bool:
         # squeue empties before slurmdbd has the end records: wait on sacct itself.
-        rows = c.sacct_text("JobID", "State").split()
+        rows = c.sacct_text("JobID", "State", extra=("-j", mine)).split()
         return len(rows) == 3 and all(r.split("|")[1].split()[0] in TERMINAL for r in rows)
 
     c.wait_for("sacct records all jobs finished", all_recorded, 30)
@@ -54,8 +58,10 @@ def workload(slurm_cluster: SlurmCluster) -> Workload:
 
 
 def test_sacct_json_matches_sacct_text(slurm_cluster: SlurmCluster, workload: Workload) -> None:
-    jobs = {j.job_id: j for j in parse_sacct_json(slurm_cluster.sacct_json())}
-    text = slurm_cluster.sacct_text("JobID", "JobName", "Start", "End", "AllocTRES", "NodeList", "State")
+    mine = ",".join(workload.ids.values())
+    jobs = {j.job_id: j for j in parse_sacct_json(slurm_cluster.sacct_json("-j", mine))}
+    text = slurm_cluster.sacct_text("JobID", "JobName", "Start", "End", "AllocTRES", "NodeList", "State",
+                                    extra=("-j", mine))
     rows = [line.split("|") for line in text.splitlines() if line]
     assert sorted(jobs) == sorted(r[0] for r in rows) == sorted(workload.ids.values())
     for job_id, name, start, end, alloc, nodelist, state in rows:
@@ -91,7 +97,8 @@ def test_scontrol_detail_gives_per_node_gpu_indexes(workload: Workload) -> None:
 
 
 def test_squeue_json_while_running(workload: Workload) -> None:
-    jobs = {j.job_id: j for j in parse_squeue_json(workload.running_squeue)}
-    assert sorted(jobs) == sorted(workload.ids.values())
+    mine = set(workload.ids.values())
+    jobs = {j.job_id: j for j in parse_squeue_json(workload.running_squeue) if j.job_id in mine}
+    assert sorted(jobs) == sorted(mine)
     assert all(j.state == "RUNNING" and j.start and j.end is None for j in jobs.values())
     assert sorted(j.gpu_count for j in jobs.values()) == [1, 2, 4]

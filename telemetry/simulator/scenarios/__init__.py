@@ -73,9 +73,9 @@ class ScenarioSet:
             self.active.append(scenario)
         self.records = [s.truth() for s in self.active]
         self._write(t)
-        where = f"; ground truth in {self.truth_path}" if self.truth_path else ""
-        return [f"scenario {r['scenario']} armed on {r['entity_kind']} {r['entity']}, starts {r['starts_at']}, "
-                f"fails {r['fails_at'] or 'never'}{where}" for r in self.records]
+        lines = [f"scenario {r['scenario']} armed on {r['entity_kind']} {r['entity']}, starts {r['starts_at']}, "
+                 f"fails {r['fails_at'] or 'never'}" for r in self.records]
+        return ([f"scenario ground truth in {self.truth_path}"] if self.truth_path else []) + lines
 
     def _write(self, t: float) -> None:
         if self.truth is None:

@@ -6,8 +6,9 @@ cluster), held for the whole story so no random fault ends it early. A rank is
 
 Divergence produces what a training-metrics endpoint would receive (per rank: step, loss,
 NaN count). The whole series is drawn when the scenario is armed, so the ground truth holds
-it exactly; each tick hands the points that fell due to `Tick.training`. No training
-endpoint exists yet, so nothing sends them.
+it exactly; each tick hands the points that fell due to `Tick.training` as bodies for
+``POST /api/v1/training``, which the runner sends. The endpoint knows jobs by scheduler key,
+so the job is ``slurm:sim-<simulator job id>`` there (``details.training_job``).
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ class Divergence(_JobScenario):
         self.host = self.ranks[0][1].host
         self.series = self._series()
         self.next_point = 0
+        self.key = f"slurm:sim-{self.entity}"
         self.details.update({
+            "training_job": self.key,
             "ranks": [{"rank": k, "host": g.host, "gpu_uuid": g.spec.uuid} for k, (_, g) in enumerate(self.ranks)],
             "spike_at": iso(self.at(self.SPIKE_S)), "step_time_s": self.STEP_S, "series": self.series,
         })
@@ -86,8 +89,8 @@ class Divergence(_JobScenario):
             s = k * self.REPORT_S
             step = step0 + int(s / self.STEP_S)
             base = 1.6 + 2.4 * math.exp(-step / 40_000)
-            if s >= self.SPIKE_S:  # the loss blows up, faster and faster
-                base *= 1 + 0.6 * math.expm1((s - self.SPIKE_S) / (2 * MINUTE))
+            if s >= self.SPIKE_S:  # the loss doubles at once, then climbs faster and faster
+                base *= 2 + math.expm1((s - self.SPIKE_S) / (1.5 * MINUTE))
             nans = [max(0, int((s - n) // self.REPORT_S) + 1) if s >= n else 0 for n in nan_from]
             loss = [None if nan else round(base * (1 + 0.01 * rng.gauss(0, 1)), 4) for nan in nans]
             out.append({"time": iso(self.at(s)), "step": step, "loss": loss, "nan_count": nans,
@@ -99,11 +102,11 @@ class Divergence(_JobScenario):
         while self.next_point < len(self.series) and self.series[self.next_point]["_t"] <= t:
             point = self.series[self.next_point]
             self.next_point += 1
-            tick.training.extend(
-                {"job": self.entity, "rank": k, "host": g.host, "gpu_uuid": g.spec.uuid, "time": point["time"],
-                 "step": point["step"], "loss": point["loss"][k], "nan_count": point["nan_count"][k]}
-                for k, (_, g) in enumerate(self.ranks)
-            )
+            tick.training.append({"job": self.key, "records": [
+                {"rank": k, "time": point["time"], "step": point["step"], "step_time_s": self.STEP_S,
+                 "loss": point["loss"][k], "nan_count": point["nan_count"][k]}
+                for k in range(len(self.ranks))
+            ]})
 
     def truth(self) -> dict:
         record = super().truth()
