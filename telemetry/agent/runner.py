@@ -44,11 +44,15 @@ def discover(host: str, *, ib_root: Path, kmsg_path: str | None, redfish_client=
     src = Sources(host=host, redfish=redfish_client, ib_root=ib_root if ib_root.is_dir() else None)
     try:
         src.nvml = nvml_module or nvml.load_nvml()
-        src.xid_watcher = nvml.XidWatcher(src.nvml)
     except Exception as exc:  # noqa: BLE001 - no driver, no library: fall back, say why
         src.problems["nvml"] = str(exc)
         src.nvml = None
         src.nvidia_smi = _which("nvidia-smi")
+    if src.nvml is not None:
+        try:
+            src.xid_watcher = nvml.XidWatcher(src.nvml)
+        except Exception as exc:  # noqa: BLE001 - some vGPU/VM drivers refuse event sets; samples still flow
+            src.problems["nvml_events"] = str(exc)
     if kmsg_path:
         try:
             src.kmsg = os.open(kmsg_path, os.O_RDONLY | os.O_NONBLOCK)
