@@ -3,9 +3,11 @@ real kernel log, collected into one batch and pushed to a real daphne."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,18 @@ def test_agent_reports_its_health_and_the_server_keeps_the_newest(asgi_server, t
     status = AgentStatus.objects.get(hostname="health-node")
     assert status.collector == "agent-health"
     assert status.health["sent_batches"] == 1 and status.health["sources"]["nvml"] is True  # 1 sent before the 2nd
+
+
+def test_batch_the_agent_built_on_a_real_h200_is_accepted_by_ingest(client):
+    """The fixture was produced by collect_batch() with the real NVML on a lent H200."""
+    from telemetry.fields import KINDS
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures/device/nvidia-h200/agent-batch.json"
+    batch = json.loads(fixture.read_text())
+    assert set(batch["gpus"][0]["fields"]) <= set(KINDS["gpu"].by_name)
+    token = do_create_collector_token("h200-capture")
+    batch["time"] = datetime.now(UTC).isoformat()  # the capture is older than raw retention allows
+    resp = client.post("/api/v1/ingest", data=json.dumps(batch), content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert resp.status_code == 200, resp.content
+    assert resp.json()["rejected"] == 0 and resp.json()["accepted"] == len(batch["gpus"][0]["fields"])
