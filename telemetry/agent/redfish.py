@@ -236,8 +236,12 @@ def _is_power_equipment(chassis: dict[str, Any]) -> bool:
     links = chassis.get("Links") if isinstance(chassis.get("Links"), dict) else {}
     if chassis.get("ChassisType") == "PowerShelf" or link(links.get("PowerDistribution")):
         return True
-    # "Shelf" is also a generic enclosure; a LiteOn power shelf has no computer systems.
-    return chassis.get("ChassisType") in SHELF_TYPES and not links.get("ComputerSystems")
+    if links.get("ComputerSystems"):
+        return False
+    # "Shelf" is also a generic enclosure; a LiteOn power shelf has no computer systems. A Delta
+    # shelf calls itself "RackMount": its Id/Name say PowerShelf and it has no systems either.
+    name = f"{chassis.get('Id', '')} {chassis.get('Name', '')}".lower().replace("_", "").replace(" ", "")
+    return chassis.get("ChassisType") in SHELF_TYPES or "powershelf" in name
 
 
 # --- node chassis ------------------------------------------------------------------------------
@@ -400,7 +404,8 @@ def _shelf_sensors(walk: _Walk, chassis: dict[str, Any], rec: dict) -> None:
         sid = _key(sensor.get("Id", "sensor"))
         value = walk.number(sensor.get("Reading"), where)
         _put(rec["extra"], f"sensor_{sid}", value)
-        if sensor.get("ReadingType") == "Power" and sid in ("chassis_input_power", "total_input_power"):
+        if sensor.get("ReadingType") == "Power" and sid in ("chassis_input_power", "total_input_power",
+                                                             "total_power_in"):
             _put(rec["fields"], "watts", value)
 
 

@@ -136,6 +136,16 @@ def test_liteon_shelf_watts_from_sensors(redfish_server, power_dir):  # noqa: F8
     assert shelf["device"] == "n1/powershelf" and shelf["fields"]["watts"] == expected
 
 
+def test_delta_shelf_calling_itself_rackmount_is_a_power_shelf(redfish_server, power_dir):  # noqa: F811
+    tree = power_dir / "redfish-lambdalabs-gpu" / "powershelf_delta"
+    got = collect(RedfishClient(redfish_server(tree).url), host="n1")
+    sensors = _json(tree / "redfish" / "v1" / "Chassis" / "PowerShelf_0" / "Sensors" / "index.json")["Members"]
+    expected = next(s["Reading"] for s in sensors if s["Id"] == "total_power_in")
+    [shelf] = got.power
+    assert shelf["device"] == "n1/PowerShelf_0" and shelf["fields"]["watts"] == expected
+    assert got.problems == []
+
+
 def test_gb300_gpus_keyed_by_uuid_with_pcie_counters(redfish_server, power_dir):  # noqa: F811
     tree = power_dir / "redfish-lambdalabs-gpu" / "gb300_happypath"
     got = collect(RedfishClient(redfish_server(tree).url), host="n1")
