@@ -71,9 +71,13 @@ def daphne_server(database_url: str, extra_env: dict | None = None):
     port = free_port()
     # DEBUG off: production mode (no per-query logging in the server under test).
     env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "WARNING", "DEBUG": "false", **(extra_env or {})}
+    # The server's log goes to a file: an unread pipe would fill up and stall the server under test.
+    log_path = REPO / "var" / "log" / "bench-daphne.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = log_path.open("w")
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "dashboard.asgi:application"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 30
@@ -83,12 +87,13 @@ def daphne_server(database_url: str, extra_env: dict | None = None):
                 break
             except OSError:
                 if proc.poll() is not None:
-                    raise RuntimeError(proc.stderr.read().decode()[-2000:]) from None
+                    raise RuntimeError(log_path.read_text()[-2000:]) from None
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        log_file.close()
 
 
 def median(xs: list[float]) -> float:

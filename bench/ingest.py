@@ -35,13 +35,24 @@ FIELDS = ("gpu_util", "mem_copy_util", "sm_clock", "mem_clock", "fb_used", "fb_f
           "dram_active", "remapped_rows_correctable", "row_remap_failure")
 
 
+# A healthy fleet: fault fields stay at zero and counters only grow (random ones would raise a
+# fault storm of thousands of events per interval, which is a different benchmark).
+QUIET = {"xid", "ecc_sbe_vol", "ecc_dbe_vol", "ecc_sbe_agg", "ecc_dbe_agg", "row_remap_failure", "throttle_reasons",
+         "nvlink_crc_flit_errors", "nvlink_replay_errors", "pcie_replay", "remapped_rows_correctable"}
+
+
 def make_interval(n_gpus: int, t: datetime, rnd: random.Random) -> list[dict]:
-    from telemetry.fields import KINDS
+    from telemetry.fields import COUNTER, KINDS
 
     spec = KINDS["gpu"].by_name
+    tick = int(t.timestamp() // 10)
     gpus = []
     for i in range(n_gpus):
-        vals = {f: (rnd.randint(0, 10**9) if spec[f].is_int else round(rnd.uniform(0, 100), 3)) for f in FIELDS}
+        vals = {
+            f: 0 if f in QUIET else (tick * 1000 + i if spec[f].kind == COUNTER else
+                                     (rnd.randint(0, 100) if spec[f].is_int else round(rnd.uniform(0, 100), 3)))
+            for f in FIELDS
+        }
         gpus.append({"host": f"node-{i // 8:05d}", "uuid": f"GPU-bench-{i:06d}", "index": i % 8,
                      "model": "NVIDIA H100 80GB HBM3", "time": t.isoformat(), "fields": vals})
     return gpus

@@ -64,16 +64,24 @@ class EventIn:
 
 
 def _lock_gpus(gpu_ids) -> None:
+    """One statement for all GPUs; ordered, so two writers never wait on each other crosswise."""
     from django.db import connection
 
     with connection.cursor() as cur:
-        for gpu_id in sorted(set(gpu_ids)):  # sorted: two writers never wait on each other crosswise
-            cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [EVENT_LOCK_NAMESPACE, gpu_id])
+        cur.execute(
+            "SELECT count(pg_advisory_xact_lock(%s, g)) "
+            "FROM (SELECT DISTINCT g FROM unnest(%s::int[]) AS g ORDER BY g) s",
+            [EVENT_LOCK_NAMESPACE, list(gpu_ids)],
+        )
 
 
 @transaction.atomic
 def do_record_gpu_events(events: list[EventIn]) -> dict[str, int]:
-    """Merge sightings into open events: same GPU, kind and code raise count and last_seen."""
+    """Merge sightings into open events: same GPU, kind and code raise count and last_seen.
+
+    Bulk statements throughout: a fleet-wide burst (a bad driver push, a power event) can bring
+    thousands of sightings in one batch, and ingest must not slow down when it matters most.
+    """
     from telemetry.models import GpuEvent
 
     if not events:
@@ -86,21 +94,35 @@ def do_record_gpu_events(events: list[EventIn]) -> dict[str, int]:
         (ev.gpu_id, ev.kind, ev.code): ev
         for ev in GpuEvent.objects.filter(cleared_at__isnull=True, gpu_id__in={k[0] for k in merged})
     }
-    created = updated = 0
+    new, updates = [], []
     for key, sightings in merged.items():
-        count, last = sum(s.count for s in sightings), sightings[-1]
+        count, last = min(sum(s.count for s in sightings), 2**31 - 1), sightings[-1]
         row = open_rows.get(key)
         if row is None:
-            GpuEvent.objects.create(gpu_id=key[0], kind=key[1], code=key[2], first_seen=sightings[0].time,
-                                    last_seen=last.time, count=count, message=last.message[:2000], source=last.source)
-            created += 1
+            new.append(GpuEvent(gpu_id=key[0], kind=key[1], code=key[2], first_seen=sightings[0].time,
+                                last_seen=last.time, count=count, message=last.message[:2000], source=last.source))
         else:
-            GpuEvent.objects.filter(pk=row.pk).update(
-                count=row.count + count, last_seen=max(row.last_seen, last.time),
-                message=last.message[:2000] or row.message,
-            )
-            updated += 1
-    return {"created": created, "updated": updated}
+            updates.append((row.event_id, row.first_seen, count, max(row.last_seen, last.time), last.message[:2000]))
+    GpuEvent.objects.bulk_create(new, batch_size=2000)
+    _bulk_update_events(updates)
+    return {"created": len(new), "updated": len(updates)}
+
+
+def _bulk_update_events(updates: list[tuple]) -> None:
+    if not updates:
+        return
+    from django.db import connection
+
+    ids, firsts, counts, lasts, messages = (list(c) for c in zip(*updates, strict=True))
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE telemetry_gpu_event e SET count = LEAST(e.count::bigint + u.c, 2147483647), "
+            "last_seen = u.l, message = CASE WHEN u.m <> '' THEN u.m ELSE e.message END "
+            "FROM unnest(%s::uuid[], %s::timestamptz[], %s::int[], %s::timestamptz[], %s::text[]) "
+            "AS u(id, f, c, l, m) "
+            "WHERE e.event_id = u.id AND e.first_seen = u.f",
+            [ids, firsts, counts, lasts, messages],
+        )
 
 
 @transaction.atomic
@@ -113,3 +135,22 @@ def do_clear_gpu_events(gpu_ids, *, at: datetime, reason: str) -> int:
     return GpuEvent.objects.filter(gpu_id__in=gpu_ids, cleared_at__isnull=True, first_seen__lte=at).update(
         cleared_at=at, cleared_reason=reason[:200]
     )
+
+
+@transaction.atomic
+def do_clear_gpu_resets(resets: list[tuple[int, datetime]], *, reason: str) -> int:
+    """Close the open events of every GPU in `resets` [(gpu_id, reset time)], in one statement."""
+    from django.db import connection
+
+    if not resets:
+        return 0
+    _lock_gpus(g for g, _ in resets)
+    ids, times = (list(c) for c in zip(*resets, strict=True))
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE telemetry_gpu_event e SET cleared_at = r.t, cleared_reason = %s "
+            "FROM (SELECT g, max(t) AS t FROM unnest(%s::int[], %s::timestamptz[]) AS x(g, t) GROUP BY g) r "
+            "WHERE e.gpu_id = r.g AND e.cleared_at IS NULL AND e.first_seen <= r.t",
+            [reason[:200], ids, times],
+        )
+        return cur.rowcount

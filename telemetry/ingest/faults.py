@@ -10,6 +10,11 @@ From samples (compared with the last-value row, before it is overwritten):
 - a GPU reset: the energy counter or a volatile ECC counter starting again from a lower value,
   which clears that GPU's open events (they stay as history).
 A frame with several times per GPU is compared once, against the last value before the batch.
+
+Only suspects are compared in SQL: GPUs whose new values show a fault sign (a non-zero XID, DBE,
+remap failure or NVLink error count) or that have an open event a reset could clear. A healthy
+interval therefore costs two set scans in Python, not a join of the whole batch with the
+last-value table.
 """
 
 from __future__ import annotations
@@ -28,19 +33,39 @@ SELECT s.gpu_id, s.time, s.xid, l.xid, s.ecc_dbe_vol, l.ecc_dbe_vol, s.row_remap
                              OR s.ecc_dbe_vol < l.ecc_dbe_vol) AS reset,
        CASE WHEN ({nv_known}) THEN ({nv_s}) - ({nv_l}) ELSE 0 END AS nvlink_growth
 FROM {stage} s LEFT JOIN telemetry_gpu_sample_latest l ON l.gpu_id = s.gpu_id
-WHERE l.gpu_id IS NULL AND (s.xid > 0 OR s.ecc_dbe_vol > 0 OR s.row_remap_failure = 1)
+WHERE s.gpu_id = ANY(%s) AND (
+   l.gpu_id IS NULL AND (s.xid > 0 OR s.ecc_dbe_vol > 0 OR s.row_remap_failure = 1)
    OR l.time < s.time AND (
         (s.xid > 0 AND s.xid IS DISTINCT FROM l.xid) OR s.ecc_dbe_vol > l.ecc_dbe_vol
         OR (s.row_remap_failure = 1 AND l.row_remap_failure IS DISTINCT FROM 1)
         OR s.energy_mj < l.energy_mj OR s.ecc_sbe_vol < l.ecc_sbe_vol OR s.ecc_dbe_vol < l.ecc_dbe_vol
-        OR (({nv_known}) AND ({nv_s}) > ({nv_l})))
+        OR (({nv_known}) AND ({nv_s}) > ({nv_l}))))
 ORDER BY s.time
 """
+SIGN_FIELDS = ("xid", "ecc_dbe_vol", "row_remap_failure", *NVLINK_FIELDS)
 
 
-def derive(cur, stage: str) -> tuple[list[EventIn], list[tuple[int, object]]]:
-    """(new sightings, GPU resets as (gpu_id, time)) from the staged GPU rows."""
-    cur.execute(DERIVE_SQL.format(stage=stage, nv_s=_NV_S, nv_l=_NV_L, nv_known=_NV_KNOWN))
+def suspects(values: dict[str, list], ids: list, open_gpus: set[int]) -> list[int]:
+    """GPU ids worth comparing with their last values (see the module docstring)."""
+    found = set(open_gpus.intersection(ids))
+    for name in SIGN_FIELDS:
+        col = values.get(name)
+        if col is not None:
+            found.update(gid for gid, v in zip(ids, col, strict=True) if v)
+    return list(found)
+
+
+def open_event_gpus(cur) -> set[int]:
+    """GPUs with an open fault event (the partial index on open events answers this)."""
+    cur.execute("SELECT DISTINCT gpu_id FROM telemetry_gpu_event WHERE cleared_at IS NULL")
+    return {row[0] for row in cur.fetchall()}
+
+
+def derive(cur, stage: str, gpu_ids: list[int]) -> tuple[list[EventIn], list[tuple[int, object]]]:
+    """(new sightings, GPU resets as (gpu_id, time)) from the staged rows of `gpu_ids`."""
+    if not gpu_ids:
+        return [], []
+    cur.execute(DERIVE_SQL.format(stage=stage, nv_s=_NV_S, nv_l=_NV_L, nv_known=_NV_KNOWN), [gpu_ids])
     events, resets = [], []
     for gpu_id, t, xid, old_xid, dbe, old_dbe, remap, old_remap, reset, nvlink in cur.fetchall():
         if reset:

@@ -29,10 +29,10 @@ from functools import lru_cache
 import psycopg
 from django.db import IntegrityError, connection, transaction
 
-from telemetry.actions import do_clear_gpu_events, do_record_gpu_events
+from telemetry.actions import do_clear_gpu_resets, do_record_gpu_events
 from telemetry.fields import KINDS
 from telemetry.ingest.entities import Resolver, check_generation, resolve_events
-from telemetry.ingest.faults import DERIVE_FIELDS, derive
+from telemetry.ingest.faults import DERIVE_FIELDS, derive, open_event_gpus, suspects
 from telemetry.ingest.schema import Batch, Frame
 from telemetry.models import AgentStatus, IngestBatch
 
@@ -180,7 +180,7 @@ def _write_frame(frame: Frame, ids: list, faults: list) -> int:
             _stage(cur, sql, rows)
             cur.execute(sql.merge)
         if frame.kind == "gpu" and DERIVE_FIELDS & frame.values.keys():
-            faults.append(derive(cur, sql.stage))
+            faults.append(derive(cur, sql.stage, suspects(frame.values, ids, open_event_gpus(cur))))
         cur.execute(sql.latest_update if entities == len(rows) else sql.latest_update_newest)
         if cur.rowcount < entities:
             cur.execute(sql.latest_insert)
@@ -272,9 +272,7 @@ def _write_events(batch: Batch, resolver: Resolver, faults: list) -> dict[str, i
     sightings = [e for events, _ in faults for e in events]
     resets = [r for _, rs in faults for r in rs]
     sightings.extend(resolve_events(resolver, batch))
-    cleared = 0
-    for gpu_id, at in resets:
-        cleared += do_clear_gpu_events([gpu_id], at=at, reason="GPU reset: counters restarted")
+    cleared = do_clear_gpu_resets(resets, reason="GPU reset: counters restarted")
     counts = do_record_gpu_events(sightings) if sightings else {"created": 0, "updated": 0}
     return {**counts, "cleared": cleared}
 
