@@ -45,6 +45,9 @@ class SlurmCluster:
         self.gpus_per_node = gpus_per_node
         self.gpu_type = gpu_type
         self.netns = f"bwslurm{os.getpid()}"
+        # One accounting database per harness: two test sessions (a developer's and CI's) on one
+        # machine must never read or drop each other's jobs.
+        self.db_name = f"{DB_NAME}_{os.getpid()}"
         self.root = Path(tempfile.mkdtemp(prefix="bw-slurm-"))
         self.root.chmod(0o755)  # munged refuses sockets under group/other-writable dirs; 0700 hides it from jobs
         self.etc, self.log, self.state, self.dev = (self.root / d for d in ("etc", "log", "state", "dev"))
@@ -105,7 +108,7 @@ class SlurmCluster:
         subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True, check=False)
         if not os.environ.get("BW_SLURM_KEEP"):  # BW_SLURM_KEEP=1 keeps configs, logs and the DB for a post-mortem
             shutil.rmtree(self.root, ignore_errors=True)
-            subprocess.run(["mariadb", "-uroot", "-e", f"DROP DATABASE IF EXISTS {DB_NAME}"], capture_output=True,
+            subprocess.run(["mariadb", "-uroot", "-e", f"DROP DATABASE IF EXISTS {self.db_name}"], capture_output=True,
                            check=False)
 
     # ----------------------------------------------------------------- CLI helpers
@@ -236,15 +239,15 @@ StorageType=accounting_storage/mysql
 StorageHost=localhost
 StorageUser={DB_USER}
 StoragePass={self.db_password}
-StorageLoc={DB_NAME}
+StorageLoc={self.db_name}
 """
 
     def _make_database(self) -> None:
         # Dropped every run: job ids restart at 1 with fresh StateSaveLocation, stale rows would collide.
-        sql = (f"DROP DATABASE IF EXISTS {DB_NAME}; CREATE DATABASE {DB_NAME}; "
+        sql = (f"DROP DATABASE IF EXISTS {self.db_name}; CREATE DATABASE {self.db_name}; "
                f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost'; "
                f"ALTER USER '{DB_USER}'@'localhost' IDENTIFIED BY '{self.db_password}'; "
-               f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost';")
+               f"GRANT ALL ON {self.db_name}.* TO '{DB_USER}'@'localhost';")
         res = subprocess.run(["mariadb", "-uroot", "-e", sql], capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise HarnessError(f"MariaDB setup failed: {res.stderr.strip()}")
