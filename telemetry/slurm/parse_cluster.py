@@ -3,7 +3,7 @@
 Partitions (slurmrestd/sinfo JSON, ``sinfo -o %R,%C`` and ``sinfo -o %R|%D|%T|%b``), fair-share (``sshare -P``
 and slurmrestd ``/shares``), reservations (``scontrol show reservation`` and slurmrestd ``/reservations``),
 scheduler statistics (``sdiag`` and ``sdiag --json``/``/diag``), licenses (``scontrol show licenses -o`` and
-``--json``) and the ``sinfo -o %C`` CPU summary.
+``--json``), the ``sinfo -o %C`` CPU summary and nodes (slurmrestd/sinfo ``nodes`` JSON and ``sinfo -N -O`` text).
 
 Stdlib only, no Django, like telemetry.slurm.parse: every parser raises SlurmParseError naming the line or key
 rather than returning a partial answer. Where one kind has a JSON and a text form, the parser detects which.
@@ -18,11 +18,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from typing import Any
 
-from telemetry.slurm.parse import SlurmParseError, _kv_tokens, _number, expand_hostlist, parse_slurm_time
+from telemetry.slurm.parse import (
+    GresItem,
+    SlurmParseError,
+    _kv_tokens,
+    _number,
+    expand_hostlist,
+    parse_gres,
+    parse_slurm_time,
+)
 
 __all__ = [
-    "CpuCounts", "License", "Partition", "Reservation", "Share", "parse_cpus", "parse_diag", "parse_licenses",
-    "parse_partitions", "parse_reservations", "parse_shares",
+    "CpuCounts", "License", "Node", "Partition", "Reservation", "Share", "node_state", "parse_cpus", "parse_diag",
+    "parse_licenses", "parse_nodes", "parse_partitions", "parse_reservations", "parse_shares",
 ]
 
 
@@ -486,3 +494,103 @@ def parse_diag(text: str) -> dict[str, int | bool | None]:
     """
     lines = _lines(text, "sdiag")
     return _diag_json(text) if _is_json(text) else _diag_text(lines)
+
+
+# --------------------------------------------------------------------------- nodes
+@dataclass
+class Node:
+    """One node; sinfo prints a row per (node, partition), merged here into ``partitions``. Unreported: None."""
+
+    name: str
+    state: str  # base state, upper case: IDLE, MIXED, ALLOCATED, DOWN, DRAINED, ...
+    partitions: list[str]
+    cpus: int | None  # total CPUs
+    gres: list[GresItem]
+    gres_used: list[GresItem]
+    reason: str | None = None
+    alloc_cpus: int | None = None
+    memory_mb: int | None = None  # configured (RealMemory)
+    alloc_memory_mb: int | None = None
+    state_flags: list[str] = field(default_factory=list)  # JSON flags (DRAIN, ...) or sinfo's suffix ("*" etc.)
+
+
+_NODE_STATES = {
+    "IDLE", "ALLOCATED", "ALLOC", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "DRAINED", "DRAINING", "DRAIN",
+    "FAIL", "FAILING", "COMPLETING", "MAINT", "RESERVED", "PLANNED", "POWERED_DOWN", "POWERING_DOWN",
+    "POWERING_UP", "POWER_DOWN", "POWER_UP", "REBOOT_REQUESTED", "REBOOT_ISSUED", "INVAL", "BLOCKED", "PERFCTRS",
+    "UNK", "NO_RESPOND", "CLOUD",
+}
+_STATE_SUFFIXES = "*~#!%$@^-+"  # sinfo: * not responding, ~ powered off, # powering up, ! pending power down, ...
+
+
+def node_state(value: str | list[str], where: str) -> tuple[str, list[str]]:
+    """("mixed" | "down*" | ["IDLE", "DRAIN"]) -> (base state, flags); an unknown base state raises."""
+    items = [value] if isinstance(value, str) else [str(v) for v in value]
+    if not items or not items[0].strip():
+        raise SlurmParseError(f"{where}: empty node state {value!r}")
+    head = items[0].strip().upper()
+    base = head.rstrip(_STATE_SUFFIXES)
+    if base not in _NODE_STATES:
+        raise SlurmParseError(f"{where}: unknown node state {items[0]!r}")
+    suffix = [head[len(base):]] if head != base else []
+    return ("ALLOCATED" if base == "ALLOC" else base), suffix + [s.upper() for s in items[1:]]
+
+
+def _gres_at(value: Any, where: str) -> list[GresItem]:
+    try:
+        return parse_gres(value or "")
+    except SlurmParseError as exc:
+        raise SlurmParseError(f"{where}: {exc}") from exc
+
+
+def _node_json(n: dict[str, Any], i: int) -> Node:
+    where = f"nodes[{i}]"
+    if not isinstance(n.get("name"), str) or not n["name"]:
+        raise SlurmParseError(f"{where}: missing key 'name'")
+    state, flags = node_state(n.get("state") or "", f"{where}.state")
+    parts = n.get("partitions") or []
+    return Node(
+        name=n["name"], state=state, partitions=[str(p) for p in parts] if isinstance(parts, list) else _names(parts),
+        cpus=_number(n.get("cpus"), f"{where}.cpus"), gres=_gres_at(n.get("gres"), f"{where}.gres"),
+        gres_used=_gres_at(n.get("gres_used"), f"{where}.gres_used"), reason=n.get("reason") or None,
+        alloc_cpus=_number(n.get("alloc_cpus"), f"{where}.alloc_cpus"),
+        memory_mb=_number(n.get("real_memory"), f"{where}.real_memory"),
+        alloc_memory_mb=_number(n.get("alloc_memory"), f"{where}.alloc_memory"),
+        state_flags=flags + [str(f).upper() for f in n.get("state_flags") or []],
+    )
+
+
+def _node_text_line(n: int, line: str, seen: dict[str, Node]) -> None:
+    cols = line.split()
+    if len(cols) not in (5, 6, 8):  # sinfo -h -N -O 'NodeList: ,AllocMem: ,...' (trailing colons: no widths)
+        raise SlurmParseError(f"line {n}: expected 5, 6 or 8 columns (sinfo -N -O NodeList,AllocMem,Memory,"
+                              f"CPUsState,StateLong[,Partition[,Gres,GresUsed]]), got {len(cols)}: {line!r}")
+    where = f"line {n}"
+    cpus, (state, flags) = _cpu_counts(cols[3], where), node_state(cols[4], where)
+    node = seen.get(cols[0])
+    if node is None:
+        node = seen[cols[0]] = Node(
+            name=cols[0], state=state, partitions=[], cpus=cpus.total,
+            gres=_gres_at(cols[6], where) if len(cols) == 8 else [],
+            gres_used=_gres_at(cols[7], where) if len(cols) == 8 else [], alloc_cpus=cpus.allocated,
+            memory_mb=_int_field(cols[2], where), alloc_memory_mb=_int_field(cols[1], where), state_flags=flags,
+        )
+    if len(cols) > 5 and cols[5].rstrip("*") not in node.partitions:  # '*' marks the default partition
+        node.partitions.append(cols[5].rstrip("*"))
+
+
+def parse_nodes(text: str) -> list[Node]:
+    """slurmrestd/``sinfo --json`` ``nodes`` (v0.0.38 to v0.0.41) or ``sinfo -N -O`` node detail text.
+
+    Text rows repeat per partition and are merged per node (state and counts from its first row).
+    """
+    lines = _lines(text, "nodes")
+    if _is_json(text):
+        _, items = _load_json(text, "nodes", "nodes")
+        if not isinstance(items, list):
+            raise SlurmParseError("nodes: 'nodes' is not a list")
+        return [_node_json(n, i) for i, n in enumerate(items)]
+    seen: dict[str, Node] = {}
+    for n, line in lines:
+        _node_text_line(n, line, seen)
+    return list(seen.values())

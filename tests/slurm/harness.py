@@ -48,6 +48,8 @@ class SlurmCluster:
         # One accounting database per harness: two test sessions (a developer's and CI's) on one
         # machine must never read or drop each other's jobs.
         self.db_name = f"{DB_NAME}_{os.getpid()}"
+        # Per harness too: a shared user's password would be reset under another run's slurmdbd.
+        self.db_user = f"{DB_USER}_{os.getpid()}"
         self.root = Path(tempfile.mkdtemp(prefix="bw-slurm-"))
         self.root.chmod(0o755)  # munged refuses sockets under group/other-writable dirs; 0700 hides it from jobs
         self.etc, self.log, self.state, self.dev = (self.root / d for d in ("etc", "log", "state", "dev"))
@@ -108,8 +110,8 @@ class SlurmCluster:
         subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True, check=False)
         if not os.environ.get("BW_SLURM_KEEP"):  # BW_SLURM_KEEP=1 keeps configs, logs and the DB for a post-mortem
             shutil.rmtree(self.root, ignore_errors=True)
-            subprocess.run(["mariadb", "-uroot", "-e", f"DROP DATABASE IF EXISTS {self.db_name}"], capture_output=True,
-                           check=False)
+            drop = f"DROP DATABASE IF EXISTS {self.db_name}; DROP USER IF EXISTS '{self.db_user}'@'localhost'"
+            subprocess.run(["mariadb", "-uroot", "-e", drop], capture_output=True, check=False)
 
     # ----------------------------------------------------------------- CLI helpers
     def env(self) -> dict[str, str]:
@@ -237,7 +239,7 @@ LogFile={self.log}/slurmdbd.log
 PidFile={self.state}/slurmdbd.pid
 StorageType=accounting_storage/mysql
 StorageHost=localhost
-StorageUser={DB_USER}
+StorageUser={self.db_user}
 StoragePass={self.db_password}
 StorageLoc={self.db_name}
 """
@@ -245,9 +247,9 @@ StorageLoc={self.db_name}
     def _make_database(self) -> None:
         # Dropped every run: job ids restart at 1 with fresh StateSaveLocation, stale rows would collide.
         sql = (f"DROP DATABASE IF EXISTS {self.db_name}; CREATE DATABASE {self.db_name}; "
-               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost'; "
-               f"ALTER USER '{DB_USER}'@'localhost' IDENTIFIED BY '{self.db_password}'; "
-               f"GRANT ALL ON {self.db_name}.* TO '{DB_USER}'@'localhost';")
+               f"CREATE USER IF NOT EXISTS '{self.db_user}'@'localhost'; "
+               f"ALTER USER '{self.db_user}'@'localhost' IDENTIFIED BY '{self.db_password}'; "
+               f"GRANT ALL ON {self.db_name}.* TO '{self.db_user}'@'localhost';")
         res = subprocess.run(["mariadb", "-uroot", "-e", sql], capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise HarnessError(f"MariaDB setup failed: {res.stderr.strip()}")

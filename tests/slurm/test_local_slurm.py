@@ -50,8 +50,11 @@ def workload(slurm_cluster: SlurmCluster) -> Workload:
 
     def all_recorded() -> bool:
         # squeue empties before slurmdbd has the end records: wait on sacct itself.
-        rows = c.sacct_text("JobID", "State", extra=("-j", mine)).split()
-        return len(rows) == 3 and all(r.split("|")[1].split()[0] in TERMINAL for r in rows)
+        rows = [r.split("|") for r in c.sacct_text("JobID", "State", "JobName", extra=("-j", mine)).split()]
+        # slurmdbd can first store a fast job under a placeholder ("allocation", no partition) and
+        # fill in the submit record later: wait for the real names too.
+        return (len(rows) == 3 and all(r[1].split()[0] in TERMINAL for r in rows)
+                and {r[2] for r in rows} == set(ids))
 
     c.wait_for("sacct records all jobs finished", all_recorded, 30)
     return Workload(ids, detail, squeue)

@@ -19,9 +19,18 @@ from telemetry.slurm.parse_cluster import (
     parse_cpus,
     parse_diag,
     parse_licenses,
+    parse_nodes,
     parse_partitions,
     parse_reservations,
     parse_shares,
+)
+from telemetry.slurm.parse_text import (
+    account_users,
+    parse_drain_reasons,
+    parse_sacctmgr_associations,
+    parse_sinfo_text,
+    parse_squeue_text,
+    parse_trace_info,
 )
 from tests.conftest import SHARED_DATA
 
@@ -44,6 +53,17 @@ KINDS: dict[str, list[str]] = {
                   "telegraf-slurmrestd/responses/diag.json"],
     "licenses_text": ["sckyzo-slurm-exporter/licenses.txt", "sckyzo-slurm-exporter/*/licenses.txt"],
     "licenses_json": ["rivosinc-prometheus-slurm-exporter/license_out.json"],
+    "nodes_text": ["sckyzo-slurm-exporter/node_detail*.txt", "sckyzo-slurm-exporter/*/node_detail*.txt",
+                   "vpenso-prometheus-slurm-exporter/sinfo_mem.txt"],
+    "nodes_json": ["lcrownover-slurmrestd-json/V004*OpenapiNodesResp.json", "telegraf-slurmrestd/responses/nodes.json",
+                   "rivosinc-prometheus-slurm-exporter/sinfo_out.json"],
+    "drain_text": ["sckyzo-slurm-exporter/*/drain_reason.txt"],
+    "sinfo_text": ["vpenso-prometheus-slurm-exporter/sinfo.txt",
+                   "rivosinc-prometheus-slurm-exporter/sinfo_fallback.txt"],
+    "squeue_text": ["vpenso-prometheus-slurm-exporter/squeue.txt", "sckyzo-slurm-exporter/squeue_jobs_*_view.txt",
+                    "rivosinc-prometheus-slurm-exporter/squeue_fallback.txt"],
+    "sacctmgr": ["rivosinc-prometheus-slurm-exporter/sacctmgr.txt"],
+    "trace": ["rivosinc-prometheus-slurm-exporter/trace_info_body.json"],
 }
 
 
@@ -314,6 +334,194 @@ def test_licenses_broken_raises(text: str, match: str) -> None:
         parse_licenses(text)
 
 
+# ----------------------------------------------------------------------------- nodes
+@pytest.mark.parametrize("path", _params("nodes_text"))
+def test_nodes_text_matches_capture(path: Path) -> None:
+    rows = [ln.split() for ln in _rows(path)]
+    nodes = {n.name: n for n in parse_nodes(path.read_text())}
+    assert list(nodes) == list(dict.fromkeys(r[0] for r in rows))
+    for r in rows:
+        node = nodes[r[0]]
+        a, _, _, t = (int(x) for x in re.fullmatch(r"(\d+)/(\d+)/(\d+)/(\d+)", r[3]).groups())
+        if r is next(x for x in rows if x[0] == r[0]):  # counts and state come from a node's first row
+            assert (node.alloc_cpus, node.cpus, node.alloc_memory_mb, node.memory_mb) == (a, t, int(r[1]), int(r[2]))
+            assert node.state == r[4].rstrip("*").upper()
+        if len(r) > 5:
+            assert r[5].rstrip("*") in node.partitions
+        if len(r) == 8 and r[6] != "(null)":
+            assert sum(g.count for g in node.gres) == sum(int(c) for c in re.findall(r":(\d+)(?:\(|,|$)", r[6]))
+
+
+def test_nodes_text_gres_values_expected() -> None:
+    (g2,) = parse_nodes((SLURM / "sckyzo-slurm-exporter/slurm-25.11.2/node_detail_gres_multitype.txt").read_text())
+    assert [(g.type, g.count) for g in g2.gres] == [("model_a", 2), ("model_b", 2)]
+    assert [g.indexes for g in g2.gres_used] == [[], [2]]
+    default = parse_nodes((SLURM / "sckyzo-slurm-exporter/node_detail_default_partition.txt").read_text())
+    assert default[0].partitions == ["gpu", "long"]
+
+
+@pytest.mark.parametrize("path", [p for p in _params("nodes_json") if "V0041" not in p.id])
+def test_nodes_json_matches_capture(path: Path) -> None:
+    raw = json.loads(path.read_text())["nodes"]
+    nodes = parse_nodes(path.read_text())
+    assert [n.name for n in nodes] == [r["name"] for r in raw]
+    for node, r in zip(nodes, raw, strict=True):
+        state = r["state"][0] if isinstance(r["state"], list) else r["state"]
+        assert node.state == state.upper() and node.cpus == r["cpus"] and node.partitions == list(r["partitions"])
+        assert node.reason == (r.get("reason") or None)
+
+
+def test_nodes_json_v0041_generated_example() -> None:
+    # Like V0041OpenapiJobInfoResp.json, the openapi generator's example: strings hold their field names and the
+    # state is the enum's INVALID placeholder. The parser names the key, and copes once the values are real.
+    doc = json.loads((SLURM / "lcrownover-slurmrestd-json/V0041OpenapiNodesResp.json").read_text())
+    with pytest.raises(SlurmParseError, match=r"nodes\[0\]\.state: unknown node state 'INVALID'"):
+        parse_nodes(json.dumps(doc))
+    for n in doc["nodes"]:
+        n.update(state=["IDLE", "DRAIN"], gres="gpu:h100:4", gres_used="gpu:h100:1(IDX:2)")
+    node = parse_nodes(json.dumps(doc))[0]
+    assert node.state == "IDLE" and node.state_flags == ["DRAIN"] and node.gres_used[0].indexes == [2]
+    assert (node.cpus, node.alloc_cpus, node.memory_mb) == (9, 8, 4)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("", "empty input"), ("a048 1 2 16/0/0/16\n", "line 1: expected 5, 6 or 8 columns"),
+    ("a048 1 2 16/0/0/16 sleepy\n", "line 1: unknown node state 'sleepy'"),
+    ("a048 x 2 16/0/0/16 idle\n", "line 1: expected an integer"),
+    ('{"nodes": [{"state": "IDLE"}]}', r"nodes\[0\]: missing key 'name'"),
+])
+def test_nodes_broken_raises(text: str, match: str) -> None:
+    with pytest.raises(SlurmParseError, match=match):
+        parse_nodes(text)
+
+
+# ----------------------------------------------------------------------------- drain reasons
+@pytest.mark.parametrize("path", _params("drain_text"))
+def test_drain_reasons_match_capture(path: Path) -> None:
+    text = path.read_text()
+    groups = parse_drain_reasons(text)
+    by_node = {n: g for g in groups for n in g.nodes}
+    names = re.findall(r"^([^|]+)\|", text, re.M)
+    assert sorted(by_node) == sorted(set(names)) and sum(len(g.nodes) for g in groups) == len(set(names))
+    for name, reason, since, state in re.findall(r"^([^|]+)\|([^|]*)\|([^|]*)\|(\S+)$", text, re.M):
+        g = by_node[name]
+        assert g.reason == (None if reason == "none" else reason) and g.user is None
+        assert (g.since is None) == (since == "Unknown") and g.state == state.upper()
+
+
+def test_drain_reasons_inline_shapes() -> None:
+    text = ("gpu[01-02]|Kill task failed|2025-08-26T07:00:00|drained\ngpu03|Kill task failed|2025-08-26T07:00:00|"
+            "drained\ngpu04|none|Unknown|idle\n")
+    (drained, idle) = parse_drain_reasons(text)
+    assert drained.nodes == ["gpu01", "gpu02", "gpu03"] and drained.reason == "Kill task failed"
+    assert drained.since == datetime(2025, 8, 26, 7, tzinfo=UTC) and idle.reason is None and idle.since is None
+    (row,) = parse_drain_reasons("n1|bad gpu|root|2025-08-26T07:00:00|draining\n")
+    assert row.user == "root" and row.state == "DRAINING"
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("", "empty input"), ("n1|none|idle\n", "line 1: expected node|reason"),
+    ("n1|none|yesterday|idle\n", "line 1: bad Slurm time"), ("n1|none|Unknown|sleepy\n", "line 1: unknown node"),
+])
+def test_drain_reasons_broken_raises(text: str, match: str) -> None:
+    with pytest.raises(SlurmParseError, match=match):
+        parse_drain_reasons(text)
+
+
+# ----------------------------------------------------------------------------- sinfo / squeue short text
+@pytest.mark.parametrize("path", _params("sinfo_text"))
+def test_sinfo_text_matches_capture(path: Path) -> None:
+    text = path.read_text()
+    rows = re.findall(r'^(?:([^,{\s]+),(\S+)|\{"s": "(\w+)".*"n": "([^"]+)".*"p": "([^"]+)".*"cstate": "([\d/]+)")',
+                      text, re.M)
+    assert len(rows) == len(_rows(path))
+    nodes = {n.name: n for n in parse_sinfo_text(text)}
+    for node_a, state_a, state_b, node_b, part, cstate in rows:
+        node = nodes[node_a or node_b]
+        assert node.state == (state_a or state_b).rstrip("*").upper()
+        if part:
+            assert part in node.partitions and node.cpus == int(cstate.split("/")[3])
+    assert len(nodes) == len({a or b for a, _, _, b, _, _ in rows})
+
+
+@pytest.mark.parametrize("path", _params("squeue_text"))
+def test_squeue_text_matches_capture(path: Path) -> None:
+    text = path.read_text()
+    ids = re.findall(r'^(\d+)[,| ]|^\{.*"id": (\d+)', text, re.M)
+    errors: list[str] = []
+    column2 = "user" if "users_view" in path.name else "account"
+    rows = parse_squeue_text(text, column2, errors=errors)
+    bad = re.findall(r'"cpu": xx', text)  # rivosinc's deliberately faulty lines
+    assert len(rows) == len(ids) - len(bad) and len(errors) == len(bad)
+    assert [r.job_id for r in rows] == [a or b for a, b in ids][:len(rows)]
+    for row, line in zip(rows, [ln for ln in text.splitlines() if "|" in ln], strict=False):
+        cols = [c.strip() for c in line.split("|")]
+        assert getattr(row, column2) == cols[1] and row.node_count == int(cols[3]) and row.cpus == int(cols[4])
+    if bad:
+        with pytest.raises(SlurmParseError, match=r"line \d+: invalid JSON"):
+            parse_squeue_text(text)
+
+
+def test_squeue_fallback_values_expected() -> None:
+    rows = parse_squeue_text((SLURM / "rivosinc-prometheus-slurm-exporter/squeue_fallback.txt").read_text(), errors=[])
+    assert rows[0].account == "account1" and rows[0].partition == "hw-h" and rows[0].reason == "cs10"
+    assert rows[2].state == "PENDING" and rows[2].reason == "(Dependency)" and rows[-1].cpus == 24
+
+
+@pytest.mark.parametrize(("call", "text", "match"), [
+    (parse_sinfo_text, "", "empty input"), (parse_sinfo_text, "lxfoo0001 idle\n", "line 1: expected node,state"),
+    (parse_sinfo_text, '{"s": "idle", "n": "a"}\n', "line 1: missing key 'cstate'"),
+    (parse_squeue_text, "", "empty input"), (parse_squeue_text, "123 RUNNING\n", "line 1: expected jobid,state"),
+    (parse_squeue_text, "1|acct|RUNNING|1\n", "line 1: expected 6 '|' columns"),
+    (parse_squeue_text, "1,SLEEPING\n", "line 1: unknown job state"),
+])
+def test_sinfo_squeue_text_broken_raises(call, text: str, match: str) -> None:
+    with pytest.raises(SlurmParseError, match=match):
+        call(text)
+
+
+# ----------------------------------------------------------------------------- sacctmgr associations
+@pytest.mark.parametrize("path", _params("sacctmgr"))
+def test_sacctmgr_associations_match_capture(path: Path) -> None:
+    text = path.read_text()
+    rows = [ln.split("|") for ln in _rows(path)]
+    assocs = parse_sacctmgr_associations(text)
+    assert [(a.user, a.account) for a in assocs] == [(r[0], r[1]) for r in rows]
+    for a, r in zip(assocs, rows, strict=True):
+        assert (a.grp_cpus, a.grp_mem_mb, a.grp_jobs, a.grp_submit_jobs) == tuple(int(x) if x else None for x in r[2:])
+    mapping = account_users(assocs)
+    assert set(mapping) == set(re.findall(r"^[^|]*\|([^|]+)\|", text, re.M))
+    assert mapping["account5"] == ["shouldignore"] and mapping["account1"] == []
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("", "empty input"), ("|acct|1|2|3\n", "line 1: expected 6 '|' columns"),
+    ("|acct|x||||\n", "line 1: expected 6"), ("|acct|x|||\n", "line 1: expected an integer"),
+    ("bob||1|2|3|4\n", "line 1: expected 6"),
+])
+def test_sacctmgr_broken_raises(text: str, match: str) -> None:
+    with pytest.raises(SlurmParseError, match=match):
+        parse_sacctmgr_associations(text)
+
+
+# ----------------------------------------------------------------------------- rivosinc trace body
+@pytest.mark.parametrize("path", _params("trace"))
+def test_trace_info_matches_capture(path: Path) -> None:
+    raw = json.loads(path.read_text())
+    info = parse_trace_info(path.read_text())
+    assert (info.pid, info.job_id, info.username, info.hostname, info.mem) == (
+        raw["pid"], raw["job_id"], raw["username"], raw["hostname"], raw["mem"])
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("", "empty input"), ("{", "invalid JSON at line 1"), ('{"pid": 1}', "missing key 'cpus'"),
+    ('{"pid": "1"}', r"trace\.pid: expected int"), ("[1]", "expected a JSON object"),
+])
+def test_trace_info_broken_raises(text: str, match: str) -> None:
+    with pytest.raises(SlurmParseError, match=match):
+        parse_trace_info(text)
+
+
 # ----------------------------------------------------------------------------- every capture is claimed
 # Files test_parse.py parses (GRES/sinfo, node JSON, jobs JSON, squeue/sacct text), as globs.
 PARSE_PY_CLAIMS = [
@@ -336,19 +544,7 @@ NOT_CAPTURES = ["SOURCE.md", "sckyzo-slurm-exporter/readme.md", "sckyzo-slurm-ex
                 "telegraf-slurmrestd/expected.out"]
 # Real captures that no parser reads yet. Listed by exact path so the gap stays visible: this test fails if one
 # of them disappears or becomes claimed (then delete it here), and any new file must be claimed or added.
-NOT_YET_PARSED = {
-    "lcrownover-slurmrestd-json/V0041OpenapiNodesResp.json",  # nodes JSON: no node parser yet
-    "rivosinc-prometheus-slurm-exporter/sacctmgr.txt",  # sacctmgr association limits
-    "rivosinc-prometheus-slurm-exporter/sinfo_fallback.txt",  # line-JSON sinfo fallback
-    "rivosinc-prometheus-slurm-exporter/squeue_fallback.txt",  # line-JSON squeue fallback
-    "rivosinc-prometheus-slurm-exporter/trace_info_body.json",  # exporter's own per-process trace POST body
-    "sckyzo-slurm-exporter/node_detail.txt", "sckyzo-slurm-exporter/node_detail_default_partition.txt",
-    "sckyzo-slurm-exporter/node_detail_long_names.txt",  # sinfo -N node detail (GRES columns)
-    "sckyzo-slurm-exporter/slurm-24.11.7/drain_reason.txt", "sckyzo-slurm-exporter/slurm-26.05.2/drain_reason.txt",
-    "sckyzo-slurm-exporter/squeue_jobs_accounts_view.txt", "sckyzo-slurm-exporter/squeue_jobs_users_view.txt",
-    "vpenso-prometheus-slurm-exporter/sinfo.txt", "vpenso-prometheus-slurm-exporter/sinfo_mem.txt",
-    "vpenso-prometheus-slurm-exporter/squeue.txt",
-}
+NOT_YET_PARSED: set[str] = set()
 
 
 def _claimed(patterns: list[str]) -> set[str]:

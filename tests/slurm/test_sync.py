@@ -14,6 +14,16 @@ from tests.slurm.harness import SlurmCluster
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
 
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """A cluster of this module's own: pytest-django runs these DB tests first, and their jobs must
+    not share slurmctld's and slurmdbd's queues with the parser tests' workload."""
+    from tests.slurm.harness import SlurmCluster
+
+    with SlurmCluster(nodes=3) as cluster:
+        yield cluster
+
+
 def test_ledger_from_live_slurm_matches_sacct(slurm_cluster: SlurmCluster) -> None:
     c = slurm_cluster
     ids = [c.sbatch("--gres=gpu:2", "-J", "sync-a", wrap="sleep 3"),
