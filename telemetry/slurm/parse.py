@@ -139,7 +139,8 @@ def _epoch(value: Any, key: str) -> datetime | None:
     return datetime.fromtimestamp(n, UTC)
 
 
-def _number(value: Any, key: str) -> int | None:
+def _unwrap_number(value: Any, key: str) -> int | float | None:
+    """A plain number, or slurmrestd's {set, infinite, number} wrapper; unset or infinite -> None."""
     if isinstance(value, dict):
         if not {"set", "number"} <= value.keys():
             raise SlurmParseError(f"{key}: expected a number or {{set, infinite, number}}, got {value!r}")
@@ -150,7 +151,12 @@ def _number(value: Any, key: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SlurmParseError(f"{key}: expected a number, got {value!r}")
-    return int(value)
+    return value
+
+
+def _number(value: Any, key: str) -> int | None:
+    number = _unwrap_number(value, key)
+    return None if number is None else int(number)
 
 
 # --------------------------------------------------------------------------- host lists

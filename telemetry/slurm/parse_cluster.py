@@ -23,6 +23,7 @@ from telemetry.slurm.parse import (
     SlurmParseError,
     _kv_tokens,
     _number,
+    _unwrap_number,
     expand_hostlist,
     parse_gres,
     parse_slurm_time,
@@ -130,17 +131,8 @@ def _is_json(text: str) -> bool:
 
 def _float(value: Any, key: str) -> float | None:
     """A float, or slurmrestd's {set, infinite, number} wrapper; unset/infinite -> None."""
-    if isinstance(value, dict):
-        if not {"set", "number"} <= value.keys():
-            raise SlurmParseError(f"{key}: expected a number or {{set, infinite, number}}, got {value!r}")
-        if not value["set"] or value.get("infinite"):
-            return None
-        value = value["number"]
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SlurmParseError(f"{key}: expected a number, got {value!r}")
-    return None if math.isinf(value) or math.isnan(value) else float(value)
+    number = _unwrap_number(value, key)
+    return None if number is None or math.isinf(number) or math.isnan(number) else float(number)
 
 
 def _int_field(value: str, what: str) -> int:
