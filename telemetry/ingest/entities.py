@@ -245,13 +245,18 @@ class Resolver:
 
 
 def _bus_key(bus_id: str) -> str:
-    """PCI bus ids compare without the domain's width or the letters' case ("0000:9b:00" = "00000000:9B:00.0")."""
+    """PCI bus ids compare without the domain's width or the letters' case ("0000:9b:00" = "00000000:9B:00.0").
+
+    Anything that is not a bus id is returned as it is: it then matches no GPU, and the event is
+    rejected by name instead of failing the batch.
+    """
     text = bus_id.strip().lower()
-    domain, _, rest = text.rpartition(":") if text.count(":") == 1 else text.partition(":")
-    if text.count(":") == 1:
-        domain, rest = "0", text
-    bus_dev = rest if "." in rest else rest + ".0"
-    return f"{int(domain or '0', 16):x}:{bus_dev}"
+    domain, rest = text.split(":", 1) if text.count(":") == 2 else ("0", text)
+    try:
+        domain = f"{int(domain, 16):x}"
+    except ValueError:
+        return text
+    return f"{domain}:{rest if '.' in rest else rest + '.0'}"
 
 
 def resolve_events(self: Resolver, batch: Batch) -> list:

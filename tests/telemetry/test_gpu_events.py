@@ -117,3 +117,17 @@ def test_nvlink_error_growth_opens_event_but_a_baseline_does_not(post):
     post({"gpus": [_gpu("GPU-1", T0 + timedelta(seconds=10), nvlink_crc_flit_errors=9, nvlink_replay_errors=4)]})
     post({"gpus": [_gpu("GPU-1", T0 + timedelta(seconds=20), nvlink_crc_flit_errors=19, nvlink_replay_errors=4)]})
     assert _events() == [("nvlink_errors", 0, 13, None)]
+
+
+def test_garbled_bus_id_is_rejected_per_event_not_a_server_error(post):
+    post({"gpus": [_gpu("GPU-1", T0, gpu_util=1.0)]})
+    resp = post({"events": [{"host": "node-a", "pci_bus_id": "zz:not:a-bus", "kind": "xid", "code": 13,
+                             "time": T0.isoformat()}]})
+    assert resp.status_code == 200 and resp.json()["rejected"] == 1
+
+
+def test_bus_ids_match_across_domain_width_and_case():
+    from telemetry.ingest.entities import _bus_key
+
+    assert _bus_key("0000:9b:00") == _bus_key("00000000:9B:00.0") == _bus_key("9b:00.0")
+    assert _bus_key("00000000:9B:00.0") != _bus_key("00000000:9C:00.0")
