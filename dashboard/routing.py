@@ -6,4 +6,5 @@ from dashboard import consumers
 
 websocket_urlpatterns = [
     path("ws/fleet/", consumers.FleetConsumer.as_asgi()),
+    path("ws/heatmap/", consumers.HeatmapConsumer.as_asgi()),
 ]

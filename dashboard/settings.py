@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "django_plotly_dash.apps.DjangoPlotlyDashConfig",
     "telemetry",
     "dashboard",
 ]
@@ -105,6 +106,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # django-plotly-dash's own content middleware is sync-only; this one does the same job in
+    # both modes, so ingest keeps an async middleware chain.
+    "dashboard.middleware.DashContentMiddleware",
 ]
 
 ROOT_URLCONF = "dashboard.urls"
@@ -165,6 +169,24 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "dashboard" / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # Dash's renderer, components and plotly.js are collected and served as our own static files:
+    # the pages must work on a cluster network with no route to a CDN.
+    "django_plotly_dash.finders.DashAssetFinder",
+    "django_plotly_dash.finders.DashComponentFinder",
+]
+PLOTLY_COMPONENTS = ["dash_cytoscape", "dpd_components"]
+PLOTLY_DASH = {
+    "serve_locally": True,
+    # Every Dash endpoint (layout, callbacks, component suites) needs a signed-in user.
+    "view_decorator": "dashboard.access.dash_login_required",
+    # Initial arguments are not used; keep them out of the session either way.
+    "cache_arguments": True,
+}
+# Dash apps are embedded directly in pages, but Django's own admin still forbids framing.
+X_FRAME_OPTIONS = "SAMEORIGIN"
 
 # --- Breakwater ---------------------------------------------------------------------------
 # Largest ingest body accepted before decompression and after; larger gets 413.

@@ -1,4 +1,4 @@
-"""Operator pages."""
+"""Operator pages: each renders a template; the Dash apps inside load their own data."""
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
@@ -10,3 +10,9 @@ from telemetry import selectors
 def fleet(request):
     """The first page: fleet health, utilization, power and data freshness, kept live by JS."""
     return render(request, "fleet.html", {"summary": selectors.fleet_summary()})
+
+
+@login_required
+def racks(request):
+    """The rack heatmap (Dash app `heatmap`)."""
+    return render(request, "racks.html")

@@ -2,7 +2,8 @@
 
 Ingest calls `schedule_fleet_publish()` inside its transaction; after commit,
 `publish_fleet_summary()` computes `fleet_summary()` and sends it to the "fleet" channel-layer
-group, which `dashboard.consumers.FleetConsumer` forwards to browsers.
+group, which `dashboard.consumers.FleetConsumer` forwards to browsers, and a bare tick to the
+"telemetry" group, on which every other live page computes its own change.
 
 Throttle, across every process that ingests:
 
@@ -40,6 +41,9 @@ from telemetry.selectors import fleet_summary
 logger = logging.getLogger(__name__)
 
 FLEET_GROUP = "fleet"
+# Every page that shows telemetry besides the fleet summary: a tiny "something committed" tick,
+# on which each consumer computes its own page's change (see dashboard.consumers.LiveConsumer).
+TELEMETRY_GROUP = "telemetry"
 THROTTLE_KEY = "breakwater:live:fleet-summary"
 THROTTLE_MS = 1000
 # Wait a little past the slot's expiry so the trailing claim does not race the TTL.
@@ -116,9 +120,9 @@ def _claim_slot() -> tuple[bool, bytes | None, int]:
 
 def _send_summary() -> None:
     summary = fleet_summary()
-    async_to_sync(get_channel_layer().group_send)(
-        FLEET_GROUP, {"type": "fleet.update", "data": summary}
-    )
+    layer = get_channel_layer()
+    async_to_sync(layer.group_send)(FLEET_GROUP, {"type": "fleet.update", "data": summary})
+    async_to_sync(layer.group_send)(TELEMETRY_GROUP, {"type": "telemetry.tick", "at": summary["generated_at"]})
 
 
 def _arm_trailing(holder: bytes | None, remaining_ms: int) -> None:

@@ -1,0 +1,40 @@
+"""Middleware for pages that embed Dash apps."""
+
+from __future__ import annotations
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django_plotly_dash.middleware import ContentCollector
+
+
+class DashContentMiddleware:
+    """Does what django-plotly-dash's BaseMiddleware does, in sync and async mode.
+
+    `{% plotly_direct %}` collects the Dash renderer's scripts and styles while the template
+    renders; `{% plotly_header %}` / `{% plotly_footer %}` leave placeholders that are filled in
+    here. Only HTML responses are rewritten: ingest, JSON and streamed responses pass untouched.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if self.async_mode:
+            return self.__acall__(request)
+        request.dpd_content_handler = ContentCollector()
+        return self._adjust(request, self.get_response(request))
+
+    async def __acall__(self, request):
+        request.dpd_content_handler = ContentCollector()
+        return self._adjust(request, await self.get_response(request))
+
+    @staticmethod
+    def _adjust(request, response):
+        if response.streaming or not response.get("Content-Type", "").startswith("text/html"):
+            return response
+        return request.dpd_content_handler.adjust_response(response)

@@ -1,0 +1,282 @@
+"""The rack heatmap: where every GPU sits on the floor plan, and one metric's value per GPU.
+
+`rack_grid()` lays the floor out as one grid of cells, so the browser can draw 16k GPUs as a
+single heatmap image instead of thousands of shapes:
+
+- a *panel* per hall row, its racks side by side in row order, one blank column between racks;
+- a rack is as tall as its U height and the top of the panel is its highest U, as in a rack
+  elevation drawing; a node of height h with n GPUs fills ceil(n / h) columns of its U range,
+  GPU 0 top left, so an 8-GPU 4U node is a 2 × 4 block at its U position;
+- panels flow left to right, `PANELS_PER_LINE` to a line, lines top to bottom;
+- GPUs whose node has no rack or no U position go to a last "Unplaced" panel, packed in rows.
+
+The layout carries the static facts of each cell (host, index, UUID, model, current job and
+tenant) as parallel arrays with repeated strings interned, which keeps the first page load
+small at 16k GPUs. `heatmap_values()` returns one metric for every GPU, keyed by GPU id, which
+is also the shape of the live deltas.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connection
+from django.utils import timezone
+
+from telemetry.fields import KINDS
+from telemetry.models import Allocation, Gpu, GpuEvent, Job, Node, Rack
+from telemetry.selectors.fleet import latest_values
+
+PANELS_PER_LINE = 4
+RACK_GAP = 1  # blank columns between racks of a row
+PANEL_GAP = 3  # blank columns between hall rows on one line
+LINE_GAP = 4  # blank U rows between lines of panels
+UNPLACED_WIDTH = 16  # GPUs per row in the unplaced panel
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One choice of the heatmap's metric picker."""
+
+    name: str
+    label: str
+    unit: str
+    scale: str  # "continuous" or "categorical"
+    lo: float | None = None  # fixed colour range so colours mean the same on every page
+    hi: float | None = None
+    slow: bool = False  # read from rollups or events: recomputed at most every SLOW_REFRESH
+
+
+# clocks_event_reasons bits (nvml.h), most severe first: the category a GPU shows is the first
+# bit it has set. Idle and application-clock settings are normal operation: "none".
+THROTTLE_CATEGORIES: tuple[tuple[str, int], ...] = (
+    ("HW thermal", 0x40), ("HW power brake", 0x80), ("HW slowdown", 0x08), ("SW thermal", 0x20),
+    ("SW power cap", 0x04), ("Sync boost", 0x10),
+)
+THROTTLE_LABELS = ("None", *[label for label, _ in THROTTLE_CATEGORIES])
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("gpu_util", "GPU utilization", "%", "continuous", 0, 100),
+    Metric("gpu_temp", "GPU temperature", "°C", "continuous", 20, 95),
+    Metric("memory_temp", "Memory temperature", "°C", "continuous", 20, 105),
+    Metric("power_w", "Power draw", "W", "continuous", 0, 700),
+    Metric("fb_used", "Memory used", "GiB", "continuous", 0, 80),
+    Metric("ecc_rate", "ECC errors, last hour", "errors/h", "continuous", 0, 10, slow=True),
+    Metric("throttle", "Throttle reason", "", "categorical", 0, len(THROTTLE_LABELS) - 1),
+    Metric("xid_events", "XID events, last 24 h", "events", "continuous", 0, 10, slow=True),
+    Metric("anomaly_score", "Anomaly score", "", "continuous", 0, 1, slow=True),
+    Metric("failure_risk", "Failure risk, next 24 h", "%", "continuous", 0, 100, slow=True),
+)}
+DEFAULT_METRIC = "gpu_util"
+SLOW_REFRESH_S = 30.0
+_NOT_YET = "No scores yet: anomaly scoring has not run on this cluster."
+
+_GPU_1M = KINDS["gpu"].rollup_table("1m")
+
+
+def metric_choices() -> list[dict]:
+    """Options for the metric picker."""
+    return [{"value": m.name, "label": f"{m.label} ({m.unit})" if m.unit else m.label} for m in METRICS.values()]
+
+
+def rack_grid() -> dict:
+    """The floor plan as one grid, with every GPU's cell and static facts; see the module doc."""
+    racks = list(Rack.objects.select_related("row__hall__site")
+                 .order_by("row__hall__site__name", "row__hall__name", "row__name", "position", "name"))
+    nodes = list(Node.objects.values("id", "hostname", "rack_id", "u_position", "u_height"))
+    gpus = list(Gpu.objects.order_by("node_id", "index", "id").values("id", "node_id", "index", "uuid", "model"))
+    by_node: dict[int, list[dict]] = {}
+    for g in gpus:
+        by_node.setdefault(g["node_id"], []).append(g)
+    jobs = _current_jobs()
+    builder = _GridBuilder(jobs)
+    placed = builder.place_racks(racks, nodes, by_node)
+    builder.place_unplaced([n for n in nodes if n["id"] not in placed], by_node)
+    return builder.result()
+
+
+def _current_jobs() -> dict[int, int]:
+    """GPU id → job id of its open allocation (the newest, should two overlap)."""
+    rows = (Allocation.objects.filter(end__isnull=True, gpu__isnull=False)
+            .order_by("gpu_id", "start").values_list("gpu_id", "job_id"))
+    return dict(rows)
+
+
+class _GridBuilder:
+    """Accumulates panels, racks and GPU cells; positions in grid units (x column, y row)."""
+
+    def __init__(self, jobs: dict[int, int]):
+        self.jobs = jobs
+        self.panels: list[dict] = []
+        self.racks: list[dict] = []
+        self.cells = {k: [] for k in ("id", "x", "y", "index", "uuid", "host", "model", "job", "rack")}
+        self._interned: dict[str, dict[object, int]] = {"host": {}, "model": {}, "job": {}}
+        self._rack = -1  # index into self.racks of the rack being filled; -1 for unplaced
+        self._line = {"x": 0, "y": 0, "h": 0, "n": 0}
+        self.width = 0
+
+    def _intern(self, table: str, value) -> int:
+        index = self._interned[table]
+        return index.setdefault(value, len(index))
+
+    def _open_panel(self, label: str, width: int, height: int) -> tuple[int, int]:
+        line = self._line
+        if line["n"] == PANELS_PER_LINE:
+            line.update(x=0, y=line["y"] + line["h"] + LINE_GAP, h=0, n=0)
+        x0, y0 = line["x"], line["y"]
+        self.panels.append({"label": label, "x0": x0, "y0": y0, "w": width, "h": height})
+        line.update(x=x0 + width + PANEL_GAP, h=max(line["h"], height), n=line["n"] + 1)
+        self.width = max(self.width, x0 + width)
+        return x0, y0
+
+    def _add_gpu(self, gpu: dict, host: str, x: int, y: int) -> None:
+        c = self.cells
+        c["id"].append(gpu["id"])
+        c["x"].append(x)
+        c["y"].append(y)
+        c["index"].append(gpu["index"])
+        c["uuid"].append(gpu["uuid"])
+        c["host"].append(self._intern("host", host))
+        c["model"].append(self._intern("model", gpu["model"] or "unknown model"))
+        job = self.jobs.get(gpu["id"])
+        c["job"].append(-1 if job is None else self._intern("job", job))
+        c["rack"].append(self._rack)
+
+    def place_racks(self, racks: list[Rack], nodes: list[dict], by_node: dict[int, list[dict]]) -> set[int]:
+        in_rack: dict[int, list[dict]] = {}
+        for n in nodes:
+            if n["rack_id"] is not None and n["u_position"] is not None:
+                in_rack.setdefault(n["rack_id"], []).append(n)
+        rows: dict[int, list[Rack]] = {}
+        for rack in racks:
+            rows.setdefault(rack.row_id, []).append(rack)
+        placed: set[int] = set()
+        for row_racks in rows.values():
+            row = row_racks[0].row
+            widths = [max([1, *(math.ceil(len(by_node.get(n["id"], [])) / max(n["u_height"], 1))
+                                for n in in_rack.get(r.id, []))]) for r in row_racks]
+            height = max(r.u_height for r in row_racks)
+            x0, y0 = self._open_panel(f"{row.hall.name} · row {row.name}",
+                                      sum(widths) + RACK_GAP * (len(row_racks) - 1), height)
+            for rack, width in zip(row_racks, widths, strict=True):
+                self.racks.append({"name": rack.name, "x0": x0, "y0": y0 + height - rack.u_height,
+                                   "w": width, "h": rack.u_height})
+                self._rack = len(self.racks) - 1
+                for node in in_rack.get(rack.id, []):
+                    placed.add(node["id"])
+                    self._place_node(node, by_node.get(node["id"], []), x0, y0 + height)
+                x0 += width + RACK_GAP
+        return placed
+
+    def _place_node(self, node: dict, gpus: list[dict], x0: int, bottom: int) -> None:
+        h = max(node["u_height"], 1)
+        for i, gpu in enumerate(gpus):
+            u = node["u_position"] + h - 1 - (i % h)  # GPU 0 at the node's top U
+            self._add_gpu(gpu, node["hostname"], x0 + i // h, bottom - u)
+
+    def place_unplaced(self, nodes: list[dict], by_node: dict[int, list[dict]]) -> None:
+        gpus = [(g, n["hostname"]) for n in sorted(nodes, key=lambda n: n["hostname"])
+                for g in by_node.get(n["id"], [])]
+        if not gpus:
+            return
+        x0, y0 = self._open_panel("Unplaced", UNPLACED_WIDTH, math.ceil(len(gpus) / UNPLACED_WIDTH))
+        self._rack = -1
+        for i, (gpu, host) in enumerate(gpus):
+            self._add_gpu(gpu, host, x0 + i % UNPLACED_WIDTH, y0 + i // UNPLACED_WIDTH)
+
+    def result(self) -> dict:
+        job_ids = list(self._interned["job"])
+        jobs = {j.id: j for j in Job.objects.filter(id__in=job_ids)}
+        height = self._line["y"] + self._line["h"]
+        return {
+            "width": self.width, "height": height, "panels": self.panels, "racks": self.racks,
+            "gpus": self.cells, "hosts": list(self._interned["host"]), "models": list(self._interned["model"]),
+            "jobs": [{"key": f"{jobs[j].source}:{jobs[j].external_id}", "name": jobs[j].name,
+                      "tenant": jobs[j].account} for j in job_ids],
+        }
+
+
+def heatmap_values(metric: str, *, now: datetime | None = None) -> dict:
+    """`metric`'s value for every GPU that has one: {"values": {gpu_id: value}, ...meta}.
+
+    GPUs without a value (never sampled, or a field their model lacks) are absent, and the page
+    leaves their cell blank. Raises KeyError for an unknown metric.
+    """
+    m = METRICS[metric]
+    reader = _READERS[metric]
+    values, note = reader(now or timezone.now())
+    return {"metric": m.name, "label": m.label, "unit": m.unit, "scale": m.scale, "range": [m.lo, m.hi],
+            "categories": list(THROTTLE_LABELS) if metric == "throttle" else None,
+            "values": values, "note": note}
+
+
+def _latest(field: str, convert=None):
+    def read(now: datetime):
+        out = {}
+        for gpu_id, _, value in latest_values("gpu", [field]):
+            if value is not None:
+                out[gpu_id] = convert(value) if convert else round(float(value), 2)
+        return out, None
+    return read
+
+
+def _throttle_category(mask: int) -> int:
+    for code, (_, bit) in enumerate(THROTTLE_CATEGORIES, start=1):
+        if mask & bit:
+            return code
+    return 0
+
+
+def _ecc_last_hour(now: datetime):
+    sql = f"""SELECT gpu_id, sum(coalesce(ecc_sbe_vol_delta, 0) + coalesce(ecc_dbe_vol_delta, 0))
+              FROM {_GPU_1M} WHERE bucket > %s AND bucket <= %s GROUP BY gpu_id"""
+    with connection.cursor() as cur:
+        cur.execute(sql, [now - timedelta(hours=1), now])
+        return {gpu_id: float(n) for gpu_id, n in cur.fetchall()}, None
+
+
+def _xid_last_day(now: datetime):
+    sql = f"""SELECT gpu_id, sum(count) FROM {GpuEvent._meta.db_table}
+             WHERE kind = 'xid' AND last_seen > %s GROUP BY gpu_id"""
+    with connection.cursor() as cur:
+        cur.execute(sql, [now - timedelta(hours=24)])
+        return {gpu_id: int(n) for gpu_id, n in cur.fetchall()}, None
+
+
+def _not_yet(now: datetime):
+    return {}, _NOT_YET
+
+
+_READERS = {
+    "gpu_util": _latest("gpu_util"),
+    "gpu_temp": _latest("gpu_temp"),
+    "memory_temp": _latest("memory_temp"),
+    "power_w": _latest("power_w"),
+    "fb_used": _latest("fb_used", lambda mib: round(float(mib) / 1024, 2)),
+    "ecc_rate": _ecc_last_hour,
+    "throttle": _latest("throttle_reasons", lambda mask: _throttle_category(int(mask))),
+    "xid_events": _xid_last_day,
+    "anomaly_score": _not_yet,
+    "failure_risk": _not_yet,
+}
+
+
+class SlowCache:
+    """Per-process memo for the slow metrics, so many open pages share one rollup scan."""
+
+    def __init__(self, ttl_s: float = SLOW_REFRESH_S):
+        self.ttl_s = ttl_s
+        self._memo: dict[str, tuple[float, dict]] = {}
+
+    def get(self, metric: str) -> dict:
+        if not METRICS[metric].slow:
+            return heatmap_values(metric)
+        hit = self._memo.get(metric)
+        if hit and time.monotonic() - hit[0] < self.ttl_s:
+            return hit[1]
+        value = heatmap_values(metric)
+        self._memo[metric] = (time.monotonic(), value)
+        return value
