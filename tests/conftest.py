@@ -163,3 +163,16 @@ def browser_page():
 
         connections.close_all()
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+# Screenshots of every page, kept as test artefacts (CI keeps var/artifacts; README images are
+# copied from here).
+ARTIFACTS = Path(os.environ.get("BW_ARTIFACTS", REPO / "var" / "artifacts"))
+
+
+def save_screenshot(page, name: str, *, full_page: bool = False) -> Path:
+    """Save `page` as var/artifacts/screenshots/<name>.png and return the path."""
+    path = ARTIFACTS / "screenshots" / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), full_page=full_page)
+    return path

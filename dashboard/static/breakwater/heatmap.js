@@ -21,6 +21,7 @@
   var st = { payload: null, z: null, cd: null, pos: null, socket: null, metric: null, clickBound: false,
              ready: false, drawing: false, pending: [] };
   var stats = (BW.heatmapStats = { applied: 0, lastApplyMs: null, lastCells: 0, renderedAt: null });
+  BW.heatmapState = function () { return st; };  // for tests and the heatmap bench
 
   function fmt(meta, v) {
     if (v === null || v === undefined) return "no data";
@@ -113,7 +114,8 @@
       data: [trace],
       layout: {
         height: Math.round(H * rowPx) + 40, margin: { l: 8, r: 8, t: 24, b: 8 }, uirevision: meta.metric,
-        xaxis: { visible: false, range: [-0.5, W - 0.5] },
+        // A GPU cell is twice as wide as it is tall whatever the cluster's shape, centred.
+        xaxis: { visible: false, range: [-0.5, W - 0.5], scaleanchor: "y", scaleratio: 2, constrain: "domain" },
         yaxis: { visible: false, autorange: "reversed" },
         plot_bgcolor: "#ffffff", paper_bgcolor: "#ffffff", hoverlabel: { align: "left" }
       }
@@ -136,7 +138,7 @@
     }
     var html = "";
     st.payload.grid.panels.forEach(function (p) {
-      var left = fl.margin.l + xa.l2p(p.x0 - 0.5), top = fl.margin.t + ya.l2p(p.y0 - 0.5);
+      var left = xa._offset + xa.l2p(p.x0 - 0.5), top = ya._offset + ya.l2p(p.y0 - 0.5);
       if (left < 0 || left > fl.width || top < 0 || top > fl.height) return;
       html += '<span style="left:' + left.toFixed(1) + "px;top:" + top.toFixed(1) + 'px">' +
         p.label.replace(/&/g, "&amp;").replace(/</g, "&lt;") + "</span>";
