@@ -1,10 +1,13 @@
-"""Websocket routes."""
+"""Websocket routes: one per live page family; each page subscribes by message after connecting."""
 
 from django.urls import path
 
-from dashboard import consumers
+from dashboard.consumers import fleet, heatmap, infra, inventory, jobs
 
 websocket_urlpatterns = [
-    path("ws/fleet/", consumers.FleetConsumer.as_asgi()),
-    path("ws/heatmap/", consumers.HeatmapConsumer.as_asgi()),
+    path("ws/fleet/", fleet.FleetConsumer.as_asgi()),
+    path("ws/heatmap/", heatmap.HeatmapConsumer.as_asgi()),
+    path("ws/jobs/", jobs.JobConsumer.as_asgi()),
+    path("ws/series/", inventory.SeriesConsumer.as_asgi()),
+    path("ws/infra/", infra.InfraConsumer.as_asgi()),
 ]

@@ -2,10 +2,10 @@
 
 Importing this package registers every app by name; `dashboard.urls` imports it so the apps
 exist before the first request. Callbacks only parse input, call one selector and return data:
-figures are built in the browser (`static/breakwater/*.js`) from compact payloads, which keeps
-16k-GPU pages small, and live changes arrive over our own websocket consumers, set into a
+figures are built from compact payloads (in the browser where the page is large, as for the
+16k-GPU heatmap), and live changes arrive over our own websocket consumers, set into a
 `dcc.Store` with `dash_clientside.set_props` (django-plotly-dash's own pipe does not work with
 Channels 4).
 """
 
-from dashboard.dash_apps import heatmap  # noqa: F401  (registers the app)
+from dashboard.dash_apps import heatmap, infra, inventory, jobs  # noqa: F401  (registers the apps)

@@ -102,6 +102,7 @@ class IngestClient:
         parts = urlsplit(server)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--server must be an http:// or https:// URL, got {server!r}")
+        self.server, self.concurrency = server, concurrency
         self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
         self.path = parts.path.rstrip("/") + INGEST_PATH
         self.token, self.timeout, self.max_attempts = token, timeout, max_attempts
@@ -112,6 +113,14 @@ class IngestClient:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+
+    def for_endpoint(self, path: str) -> IngestClient:
+        """A client of its own (pool, connections) for another endpoint of the same server,
+        such as ``/api/v1/jobs``, with this one's token and settings."""
+        other = IngestClient(self.server, self.token, concurrency=self.concurrency, timeout=self.timeout,
+                             max_attempts=self.max_attempts, sleep=self.sleep)
+        other.path = other.path.removesuffix(INGEST_PATH) + path
+        return other
 
     def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)

@@ -12,7 +12,9 @@ One step, in order:
 3. the scheduler ends and starts jobs; each job's activity for this instant is fixed;
 4. every GPU of every reporting node advances (power, clocks, thermals, counters);
 5. the fabric's rates follow the jobs' traffic and its counters advance;
-6. the PDUs and cooling loops follow the racks' power.
+6. the PDUs and cooling loops follow the racks' power;
+7. the job feed (`feed.JobFeed`) adds the scheduler snapshot of the jobs that changed and the
+   per-rank training steps of the jobs computing.
 
 Scripted scenarios (`telemetry.simulator.scenarios`) are armed on the first tick, before the
 scheduler fills the cluster (so they can claim idle nodes for their jobs), act on the state
@@ -30,6 +32,7 @@ from datetime import UTC, datetime
 from telemetry.simulator import faults as F
 from telemetry.simulator.fabric import Fabric
 from telemetry.simulator.facility import NODE_DOWN_W, Facility, node_power
+from telemetry.simulator.feed import JobFeed
 from telemetry.simulator.gpus import SimGpu, alphas
 from telemetry.simulator.jobs import KINDS, Scheduler, make_job
 from telemetry.simulator.topology import Layout, build_layout
@@ -46,6 +49,8 @@ class Tick:
     batches: list[dict]  # {"rack": name, "gpus": [...], "ports": [...], "power": [...], "events": [...]}
     events: list[str] = field(default_factory=list)
     training: list[dict] = field(default_factory=list)  # POST /api/v1/training bodies from scenarios
+    steps: list[dict] = field(default_factory=list)  # POST /api/v1/training bodies, per-rank step times
+    jobs: dict | None = None  # POST /api/v1/jobs body: the jobs that changed, None when none did
     stats: dict = field(default_factory=dict)
     rebooted: list[str] = field(default_factory=list)  # hosts whose counters restart from zero
 
@@ -84,8 +89,10 @@ class Cluster:
             self.gpus[i].append(SimGpu(layout.nodes[i].hostname, spec, rng, weak=k in weak,
                                        hot=k in hot, uptime_s=uptimes[i]))
         self.node_index = {n.hostname: i for i, n in enumerate(layout.nodes)}
-        self.scheduler = Scheduler(rng, [n.group for n in layout.nodes])
+        self.scheduler = Scheduler(rng, [n.group for n in layout.nodes], held=self.held,
+                                   meta=random.Random(f"breakwater-jobs:{seed}"))
         self.scheduler.enabled = scheduling
+        self.feed = JobFeed(seed)
         self.fabric = Fabric(layout, rng, uptimes)
         self.facility = Facility(layout, rng)
         self.down_until: dict[int, float] = {}
@@ -120,6 +127,8 @@ class Cluster:
         dt = 0.0 if first else max(0.0, t - self.last)
         events = self._faults(t, dt) if self.faults_enabled and dt else []
         events += self._reboots(t)
+        if first:
+            self.scheduler.number_from(t)
         if self.scenarios is not None:
             events += self.scenarios.arm(self, t) if first else []
             events += self.scenarios.before(t, dt)
@@ -134,7 +143,8 @@ class Cluster:
         self.fabric.records(batches)
         it_w = self.facility.step(t, dt, rack_watts, batches)
         self.last = t
-        tick = Tick(now, batches, events, rebooted=self._rebooted)
+        tick = Tick(now, batches, events, rebooted=self._rebooted, jobs=self.feed.snapshot(self),
+                    steps=self.feed.steps(self, t, dt))
         self._rebooted = []
         if self.scenarios is not None:
             self.scenarios.after(tick)
@@ -169,7 +179,8 @@ class Cluster:
         gpus = sum(len(b["gpus"]) for b in tick.batches)
         return {
             "gpus": gpus, "ports": sum(len(b["ports"]) for b in tick.batches),
-            "jobs": len(self.scheduler.jobs), "busy_gpus": self.scheduler.busy * 8,
+            "jobs": len(self.scheduler.jobs), "pending": len(self.scheduler.queue),
+            "busy_gpus": self.scheduler.busy * 8,
             "down_nodes": len(self.down_until), "it_kw": it_w / 1000,
             "build_ms": (time.perf_counter() - started) * 1000,
         }
@@ -221,7 +232,7 @@ class Cluster:
             g.dead = True
         events = [f"XID {code} on {g.host} GPU {g.spec.index}"]
         if job is not None:
-            events.append(self.scheduler.finish(job, t, f"killed by XID {code} on {g.host}"))
+            events.append(self.scheduler.finish(job, t, f"killed by XID {code} on {g.host}", "FAILED"))
         if effect in F.REBOOT_AFTER_S and i not in self.reboot_at:
             at = t + self.rng.uniform(*F.REBOOT_AFTER_S[effect])
             self.reboot_at[i] = (at, f"after XID {code}")
@@ -251,7 +262,7 @@ class Cluster:
             return f"{host} is already rebooting"
         job = self.scheduler.node_job[i]
         if job is not None:
-            self.scheduler.finish(job, t, f"lost node {host}")
+            self.scheduler.finish(job, t, f"lost node {host}", "NODE_FAIL")
         down = self.rng.uniform(*REBOOT_DOWN_S) if down_s is None else down_s
         self.down_until[i] = t + down
         self.scheduler.unavailable.add(i)

@@ -4,6 +4,11 @@ A job's *character* (how hard it drives the tensor cores, how much memory it hol
 talks over NVLink and InfiniBand) is drawn once from its kind, so every GPU of a job looks
 alike and different jobs look different. Jobs pause periodically (checkpoints, evaluation)
 and warm up after they start, which is what real training utilisation looks like.
+
+Who submitted a job, its QoS and priority, its end state and its training step time are drawn
+from the scheduler's second generator (`meta`), so this bookkeeping never shifts the draws that
+shape the telemetry. A job's Slurm-style life: PENDING in the queue, RUNNING on its nodes, then
+COMPLETED / FAILED / CANCELLED / TIMEOUT, NODE_FAIL or PREEMPTED (requeued on the next tick).
 """
 
 from __future__ import annotations
@@ -30,6 +35,22 @@ KIND_NAMES = tuple(KINDS)
 KIND_WEIGHTS = tuple(KINDS[k][0] for k in KIND_NAMES)
 PAUSE_ACTIVITY = 0.12  # utilisation during a checkpoint pause, as a share of full speed
 WARMUP_ACTIVITY = 0.35  # loading data and compiling before the first step
+
+PENDING, RUNNING, PREEMPTED = "PENDING", "RUNNING", "PREEMPTED"
+TRAINING_KINDS = frozenset({"pretrain", "finetune"})  # kinds that report per-rank training steps
+# kind: (job names, accounts, seconds per training step or None)
+KIND_META: dict[str, tuple] = {
+    "pretrain": (("llm-70b-pretrain", "llm-8b-pretrain", "moe-pretrain"), ("llm-core",), (0.9, 2.8)),
+    "finetune": (("sft-chat", "rlhf-ppo", "lora-code"), ("applied-ml", "llm-core"), (0.25, 0.9)),
+    "inference": (("serve-chat", "batch-embed"), ("serving",), None),
+    "hpc": (("cfd-les", "md-gromacs", "climate-ens"), ("hpc-science",), None),
+    "debug": (("jupyter", "nccl-test", "smoke"), ("applied-ml", "llm-core", "research"), None),
+}
+USERS = ("alee", "bkumar", "cnguyen", "dmuller", "eokafor", "fsato", "gromero", "hzhang", "isilva", "jpark")
+QOS = {"high": (1, 30_000), "normal": (6, 10_000), "low": (3, 1_000)}  # weight, base priority
+OUTCOMES = {"COMPLETED": 86, "FAILED": 6, "CANCELLED": 5, "TIMEOUT": 3}  # how jobs end, in %
+ENDINGS = {"COMPLETED": "finished", "FAILED": "failed", "CANCELLED": "was cancelled", "TIMEOUT": "timed out"}
+PREEMPT_AFTER_S = 300.0  # a high-QoS job waits this long before it preempts low-QoS work
 
 
 def diurnal(t: float) -> float:
@@ -62,10 +83,25 @@ class Job:
     pause: float
     cross: dict[int, float] = field(default_factory=dict)  # group -> share of IB traffic leaving it
     act: float = 0.0  # activity this tick, set by `activity`
+    size: int = 0  # nodes asked for (its nodes are [] while it waits)
+    state: str = RUNNING  # the Slurm state name
+    submit: float = 0.0
+    name: str = ""
+    user: str = ""
+    account: str = ""
+    partition: str = "gpu"
+    qos: str = "normal"
+    priority: int = 0
+    outcome: str = "COMPLETED"  # how it ends when its time is up
+    restarts: int = 0  # requeues after preemption
+    left: float = 0.0  # run time still owed when it was preempted
+    step_s: float = 0.0  # seconds per training step at full pace (training kinds only)
+    steps: float = 0.0  # training steps done
+    own_metrics: bool = False  # a scenario reports this job's training metrics itself
 
     @property
     def gpus(self) -> int:
-        return len(self.nodes) * 8
+        return self.size * 8
 
     def activity(self, t: float) -> float:
         """1 while computing; lower while warming up or in a checkpoint pause."""
@@ -83,67 +119,111 @@ class Job:
 
 
 def make_job(rng: random.Random, job_id: int, kind: str, nodes: list[int], start: float,
-             minutes: float | None = None) -> Job:
-    """A job of `kind` on `nodes`, its character drawn from the kind's ranges."""
+             minutes: float | None = None, *, size: int | None = None) -> Job:
+    """A job of `kind` on `nodes` (or, still queued, of `size` nodes), its character drawn from the
+    kind's ranges."""
     (_, _, mins, util, sm, tensor, dram, fp64, power, mem, nvl, ib, pcie) = KINDS[kind]
     u = rng.uniform
+    size = len(nodes) if size is None else size
     if minutes is None:
         # Log-uniform: many short jobs, a few long ones.
         minutes = math.exp(u(math.log(mins[0]), math.log(mins[1])))
     return Job(
         job_id, kind, nodes, start, start + minutes * 60, u(*util), u(*sm), u(*tensor), u(*dram),
-        u(*fp64), u(*power), u(*mem), u(*nvl), u(*ib) if len(nodes) > 1 else 0.0, u(*pcie),
-        warmup=u(30, 120), period=u(15, 60) * 60, pause=u(20, 90),
+        u(*fp64), u(*power), u(*mem), u(*nvl), u(*ib) if size > 1 else 0.0, u(*pcie),
+        warmup=u(30, 120), period=u(15, 60) * 60, pause=u(20, 90), size=size,
     )
 
 
 class Scheduler:
-    """Starts and ends jobs so that the share of busy nodes follows the diurnal curve.
+    """Runs a queue of gang jobs on whole nodes so that the share of busy nodes follows the
+    diurnal curve.
 
-    1. Jobs past their end time finish and free their nodes.
-    2. While the busy share is under target, a few submissions per tick may start (each with a
-       probability, so there are queue gaps). A job takes whole nodes, preferring a contiguous
-       run from a random start, as a topology-aware scheduler would.
+    1. Jobs past their end time finish and free their nodes; jobs preempted on the previous
+       tick are requeued (PENDING again, submitted now, owing the rest of their run time).
+    2. The queue starts in priority order while its head fits. A high-QoS head that has waited
+       PREEMPT_AFTER_S preempts the youngest low-QoS jobs when that makes room; otherwise a
+       later job starts only if it ends before the head could start (backfill scheduling).
+    3. While busy plus queued nodes are under the target, a few submissions per tick arrive
+       (each with a probability, so there are gaps) and join the queue. A job takes whole
+       nodes, preferring a contiguous run from a random start, as a topology-aware scheduler would.
+    On the first tick (`warm`) the cluster fills to the target at once with jobs already under
+    way, and a few submissions are left waiting.
     """
 
     def __init__(self, rng: random.Random, groups: list[int], *, low: float = 0.40,
-                 high: float = 0.90):
+                 high: float = 0.90, meta: random.Random | None = None, held: set[int] | None = None):
         self.rng = rng
+        self.meta = meta if meta is not None else random.Random("breakwater-jobs")
+        self.held = held if held is not None else set()  # scenario nodes: their jobs are never preempted
         self.groups = groups  # fabric group of each node
         self.node_job: list[Job | None] = [None] * len(groups)
         self.unavailable: set[int] = set()  # rebooting nodes
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, Job] = {}  # running
+        self.queue: list[Job] = []  # pending, highest priority first
+        self.preempted: list[Job] = []  # preempted this tick, requeued on the next
+        self.ended: list[Job] = []  # ended for good, until `drain_ended`
         self.busy = 0  # nodes held by jobs
         self.low, self.high = low, high
         self.enabled = True
+        self.max_size = max(1, len(groups) // 2)  # the largest job the partition accepts
         self._next_id = 1
 
     def target(self, t: float) -> float:
         return self.low + (self.high - self.low) * diurnal(t)
 
+    @property
+    def queued(self) -> int:
+        """Nodes the queue asks for."""
+        return sum(j.size for j in self.queue)
+
+    def free(self) -> int:
+        return len(self.groups) - self.busy - len(self.unavailable)
+
+    def number_from(self, t: float) -> None:
+        """Number jobs from a base taken from the clock (seconds), as Slurm keeps counting across
+        restarts: a restarted simulator never reuses the ids of the jobs it reported before."""
+        self._next_id = max(self._next_id, int(t) % 100_000_000)
+
     def step(self, t: float, *, warm: bool = False) -> list[str]:
         """Advance to `t`; with `warm`, fill to the target at once with jobs already under way."""
-        events = [self.finish(j, t, "finished") for j in list(self.jobs.values()) if j.end <= t]
+        events = [self.finish(j, t, ENDINGS[j.outcome], j.outcome) for j in list(self.jobs.values()) if j.end <= t]
+        self._requeue(t)
         if not self.enabled:
             return events
+        events += self._start_queued(t)
         want = int(self.target(t) * len(self.groups))
-        attempts = 1 + min(5, (want - self.busy) // 16)
+        queued = self.queued
+        attempts = 1 + min(5, (want - self.busy - queued) // 16)
         misses = 0
-        while self.busy < want and (attempts > 0 or (warm and misses < 50)):
+        while self.busy + queued < want and (attempts > 0 or (warm and misses < 50)):
             attempts -= 1
             if not warm and self.rng.random() < 0.4:
                 continue
-            job = self._submit(t, warm, want)
+            job = self._warm_job(t, want) if warm else self._submit(t)
             misses = 0 if job else misses + 1
             if job and not warm:
-                events.append(f"job {job.id} ({job.kind}, {job.gpus} GPUs) started")
+                events += self._start_queued(t)
+            queued = self.queued
+        if warm:
+            self._leave_waiting(t)
         return events
 
-    def _submit(self, t: float, warm: bool, want: int) -> Job | None:
+    def _submit(self, t: float) -> Job | None:
+        """A new submission joins the queue (it starts at once if it is first and fits)."""
         kind = self.rng.choices(KIND_NAMES, KIND_WEIGHTS)[0]
-        free = len(self.groups) - self.busy - len(self.unavailable)
-        if warm:  # a cluster found mid-day is near its target, not packed by one last big job
-            free = min(free, max(1, want - self.busy))
+        sizes = [n for n in KINDS[kind][1] if n <= self.max_size]
+        if not sizes:
+            return None
+        job = make_job(self.rng, self.new_id(), kind, [], t, size=self.rng.choice(sizes))
+        self.describe(job, submit=math.floor(t - self.meta.uniform(0.5, 5.0)))
+        self._enqueue(job)
+        return job
+
+    def _warm_job(self, t: float, want: int) -> Job | None:
+        kind = self.rng.choices(KIND_NAMES, KIND_WEIGHTS)[0]
+        # A cluster found mid-day is near its target, not packed by one last big job.
+        free = min(self.free(), max(1, want - self.busy))
         sizes = [n for n in KINDS[kind][1] if n <= free]
         if not sizes:
             return None
@@ -151,13 +231,107 @@ class Scheduler:
         if nodes is None:
             return None
         job = make_job(self.rng, self._next_id, kind, nodes, t)
-        if warm:
-            # Already under way: shift its lifetime back by a random share.
-            shift = self.rng.uniform(0, job.end - job.start)
-            job.start -= shift
-            job.end -= shift
+        # Already under way: shift its lifetime back by a random share.
+        shift = self.rng.uniform(0, job.end - job.start)
+        job.start -= shift
+        job.end -= shift
+        waited = min(7200.0, self.meta.expovariate(1 / 600))
+        self.describe(job, submit=math.floor(job.start - waited))
+        if job.step_s:  # the steps it made so far
+            job.steps = max(0.0, shift - job.warmup) / job.step_s
         return self.place(job)
 
+    def _leave_waiting(self, t: float) -> None:
+        """A cluster found mid-day has a queue: one to three jobs submitted a while ago."""
+        for _ in range(self.meta.randint(1, 3)):
+            kind = self.meta.choices(KIND_NAMES, KIND_WEIGHTS)[0]
+            sizes = [n for n in KINDS[kind][1] if n <= self.max_size]
+            if sizes:
+                job = make_job(self.meta, self.new_id(), kind, [], t, size=self.meta.choice(sizes))
+                self.describe(job, submit=math.floor(t - self.meta.uniform(60, 1800)))
+                self._enqueue(job)
+
+    def describe(self, job: Job, *, submit: float) -> Job:
+        """Who submitted `job` and how it will end, drawn from `meta`."""
+        m = self.meta
+        names, accounts, step_s = KIND_META[job.kind]
+        job.submit, job.name, job.user = submit, m.choice(names), m.choice(USERS)
+        job.account = m.choice(accounts)
+        job.qos = m.choices(tuple(QOS), [w for w, _ in QOS.values()])[0]
+        job.priority = QOS[job.qos][1] + m.randrange(2000)
+        job.partition = "debug" if job.kind == "debug" else "gpu"
+        job.outcome = m.choices(tuple(OUTCOMES), tuple(OUTCOMES.values()))[0]
+        job.step_s = round(m.uniform(*step_s), 3) if step_s else 0.0
+        return job
+
+    # --- the queue ----------------------------------------------------------------------------
+    def _enqueue(self, job: Job) -> None:
+        job.state, job.nodes = PENDING, []
+        self.queue.append(job)
+        self.queue.sort(key=lambda j: (-j.priority, j.submit, j.id))
+
+    def _start_queued(self, t: float) -> list[str]:
+        events: list[str] = []
+        while self.queue:
+            head = self.queue[0]
+            if head.size > self.free():
+                events += self._preempt_for(head, t)
+            if head.size > self.free():
+                return events + self._backfill(t, head)
+            events.append(self._start(head, t))
+        return events
+
+    def _start(self, job: Job, t: float) -> str:
+        """Take `job` (which fits) off the queue and run it from `t`."""
+        run = job.end - job.start
+        self.queue.remove(job)
+        job.nodes = self._allocate(job.size) or []
+        job.start, job.end = t, t + run
+        self.place(job)
+        waited = f" after {(t - job.submit) / 60:.0f} min in the queue" if t - job.submit >= 60 else ""
+        return f"job {job.id} ({job.kind}, {job.gpus} GPUs) started{waited}"
+
+    def _backfill(self, t: float, head: Job) -> list[str]:
+        """Start later jobs that fit now and end before the head's earliest start."""
+        free, shadow = self.free(), t
+        for j in sorted(self.jobs.values(), key=lambda j: j.end):
+            if free >= head.size:
+                break
+            free, shadow = free + len(j.nodes), j.end
+        events = []
+        for job in list(self.queue[1:]):
+            if job.size <= self.free() and t + (job.end - job.start) <= shadow:
+                events.append(self._start(job, t))
+        return events
+
+    def _preempt_for(self, head: Job, t: float) -> list[str]:
+        """QoS preemption: the youngest low-QoS jobs make room for a high-QoS job that has waited."""
+        if head.qos != "high" or t - head.submit < PREEMPT_AFTER_S:
+            return []
+        victims, room = [], self.free()
+        for job in sorted(self.jobs.values(), key=lambda j: -j.start):
+            if room >= head.size:
+                break
+            if job.qos == "low" and not self.held.intersection(job.nodes):
+                victims.append(job)
+                room += len(job.nodes)
+        if room < head.size:
+            return []
+        return [self.finish(v, t, f"preempted by job {head.id}", PREEMPTED) for v in victims]
+
+    def _requeue(self, t: float) -> None:
+        for job in self.preempted:
+            job.restarts += 1
+            job.submit, job.start, job.end = t, t, t + job.left
+            self._enqueue(job)
+        self.preempted = []
+
+    def drain_ended(self) -> list[Job]:
+        """Jobs that ended for good since the last call."""
+        ended, self.ended = self.ended, []
+        return ended
+
+    # --- nodes --------------------------------------------------------------------------------
     def _allocate(self, size: int) -> list[int] | None:
         n = len(self.groups)
         first = self.rng.randrange(n)
@@ -173,6 +347,9 @@ class Scheduler:
     def place(self, job: Job) -> Job:
         """Record `job` on its nodes and work out how much of its traffic leaves each group."""
         self._next_id = max(self._next_id, job.id + 1)
+        if not job.user:  # started directly (a scenario's job): it was submitted just now
+            self.describe(job, submit=math.floor(job.start))
+        job.size, job.state = len(job.nodes), RUNNING
         per_group: dict[int, int] = {}
         for i in job.nodes:
             self.node_job[i] = job
@@ -187,10 +364,14 @@ class Scheduler:
         self._next_id += 1
         return self._next_id - 1
 
-    def finish(self, job: Job, t: float, why: str) -> str:
+    def finish(self, job: Job, t: float, why: str, state: str = "COMPLETED") -> str:
+        """End `job` at `t` in Slurm `state`; a PREEMPTED job is requeued on the next tick."""
         for i in job.nodes:
             self.node_job[i] = None
         if self.jobs.pop(job.id, None) is not None:
             self.busy -= len(job.nodes)
+            job.left = max(0.0, job.end - t)
+            job.state = state
+            (self.preempted if state == PREEMPTED else self.ended).append(job)
         job.end = min(job.end, t)
         return f"job {job.id} ({job.kind}, {job.gpus} GPUs) {why}"

@@ -6,9 +6,14 @@
 3. Tick on wall-clock multiples of the interval (the first tick at the latest boundary, so a
    run starts at once); a tick steps the cluster and sends one request per rack. A tick that
    overruns the interval is not made up: the loop skips to the present and says so.
-Each tick prints one line: time, GPUs, requests, accepted, rejected, build and send time.
-Training metrics from scenarios (`Tick.training`) go to ``/api/v1/training`` through a second
-client, when one is given; their failures are reported, never fatal.
+Each tick prints one line: time, GPUs, jobs, requests, accepted, rejected, build and send time.
+
+After a tick's telemetry, the snapshot of the jobs that changed (`Tick.jobs`) goes to
+``/api/v1/jobs``, then the training bodies (`Tick.training` from scenarios, `Tick.steps`, the
+per-rank step times) to ``/api/v1/training``. Each endpoint has a client of its own, made from
+the ingest client unless one is given (`close` closes the ones the runner made). Their failures
+are reported, never fatal; a job snapshot the server could not take (no answer, 5xx) is sent
+again, in order, before the next one, so no state change is skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from telemetry.simulator.dynamics import Cluster, Tick
 
 MAX_EVENT_LINES = 5
 TRAINING_PATH = "/api/v1/training"
+JOBS_PATH = "/api/v1/jobs"
+MAX_JOB_BACKLOG = 360  # job snapshots kept while the server cannot take them: an hour at 10 s
 
 
 def training_client(server: str, token: str, **kwargs) -> IngestClient:
@@ -44,12 +51,21 @@ class Runner:
     def __init__(self, cluster: Cluster, client: IngestClient, *, interval: float,
                  write: Callable[[str], None], server: str = "",
                  clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, training: IngestClient | None = None):
+                 sleep: Callable[[float], None] = time.sleep, training: IngestClient | None = None,
+                 jobs: IngestClient | None = None):
         self.cluster, self.client, self.interval = cluster, client, interval
-        self.training = training
+        self.training = training or _for_endpoint(client, TRAINING_PATH)
+        self.jobs = jobs or _for_endpoint(client, JOBS_PATH)
+        self._made = [c for c, given in ((self.training, training), (self.jobs, jobs)) if c and not given]
         self.write, self.server, self.clock, self.sleep = write, server, clock, sleep
         self.last_sent: float | None = None
         self._reasons_shown: set[str] = set()
+        self._job_backlog: list[dict] = []
+
+    def close(self) -> None:
+        """Close the clients the runner made (not the ones it was given)."""
+        for client in self._made:
+            client.close()
 
     def aligned(self, t: float) -> float:
         """The latest interval boundary at or before `t`."""
@@ -123,6 +139,8 @@ class Runner:
             self.write(f"  … and {len(tick.events) - MAX_EVENT_LINES} more events")
         for err in summary.errors[:3]:
             self.write(f"  error: {err}")
+        if tick.stats.get("jobs_error"):
+            self.write(f"  job snapshot not stored: {tick.stats['jobs_error']}")
         if tick.stats.get("training_error"):
             self.write(f"  training metrics not stored: {tick.stats['training_error']}")
         self._show_rejections(summary)
@@ -140,17 +158,34 @@ class Runner:
         tick = self.cluster.step(datetime.fromtimestamp(t, UTC))
         started = time.perf_counter()
         summary = self.client.send_many([tick.body(b) for b in tick.batches if _has_records(b)])
-        if self.training is not None and tick.training:
-            sent = self.training.send_many(tick.training)
+        self._send_jobs(tick)
+        training = tick.training + tick.steps
+        if self.training is not None and training:
+            sent = self.training.send_many(training)
             tick.stats["training_error"] = sent.errors[0] if sent.errors else ""
         tick.stats["send_ms"] = (time.perf_counter() - started) * 1000
         self.last_sent = t
         return summary, tick
 
+    def _send_jobs(self, tick: Tick) -> None:
+        """Send the waiting job snapshots oldest first; keep the rest when the server is away."""
+        if self.jobs is None:
+            return
+        if tick.jobs:
+            self._job_backlog.append(tick.jobs)
+        del self._job_backlog[:-MAX_JOB_BACKLOG]
+        while self._job_backlog:
+            result = self.jobs.send(self._job_backlog[0])
+            if not result.ok:
+                tick.stats["jobs_error"] = result.error
+                if not 400 <= result.status < 500:
+                    return  # no answer or 5xx after the retries: try again next tick
+            self._job_backlog.pop(0)  # stored, or refused for good (4xx)
+
 
 def progress_line(tick: Tick, s: Summary) -> str:
     st = tick.stats
-    line = (f"{tick.iso} gpus={st['gpus']} busy={st['busy_gpus']} jobs={st['jobs']} "
+    line = (f"{tick.iso} gpus={st['gpus']} busy={st['busy_gpus']} jobs={st['jobs']} pending={st['pending']} "
             f"it={st['it_kw']:.0f}kW requests={s.requests} accepted={s.accepted} "
             f"rejected={s.rejected} build={st['build_ms']:.0f}ms send={st.get('send_ms', 0):.0f}ms "
             f"sent={s.body_bytes / 1e6:.1f}MB")
@@ -159,6 +194,11 @@ def progress_line(tick: Tick, s: Summary) -> str:
     if st.get("down_nodes"):
         line += f" down_nodes={st['down_nodes']}"
     return line
+
+
+def _for_endpoint(client: IngestClient, path: str) -> IngestClient | None:
+    # Stand-ins for the HTTP edge (tests) post nowhere else.
+    return client.for_endpoint(path) if isinstance(client, IngestClient) else None
 
 
 def _has_records(batch: dict) -> bool:

@@ -137,7 +137,7 @@ class Scenario:
         for i in picked:
             cluster.held.add(i)
             if (busy := cluster.scheduler.node_job[i]) is not None:  # armed late: preempt
-                cluster.scheduler.finish(busy, self.start, "preempted for a scenario")
+                cluster.scheduler.finish(busy, self.start, "preempted for a scenario", "PREEMPTED")
         t0 = datetime.fromtimestamp(self.start - self.spec.start_min * 60, UTC)
         job_id = cluster.start_job(hosts, "pretrain", t0, minutes=minutes)
         job = cluster.scheduler.jobs[job_id]
@@ -149,7 +149,7 @@ class Scenario:
         scheduler = self.cluster.scheduler
         scheduler.unavailable.add(i)
         job = scheduler.node_job[i]
-        return [] if job is None else [scheduler.finish(job, t, why)]
+        return [] if job is None else [scheduler.finish(job, t, why, "FAILED")]
 
     def rack_of(self, i: int) -> int:
         return self.cluster.layout.nodes[i].rack

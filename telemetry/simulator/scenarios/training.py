@@ -69,6 +69,7 @@ class Divergence(_JobScenario):
     def choose(self, taken: set[int]) -> None:
         super().choose(taken)
         self.host = self.ranks[0][1].host
+        self.job.own_metrics = True  # its steps are the series below, not the job feed's
         self.series = self._series()
         self.next_point = 0
         self.key = f"slurm:sim-{self.entity}"

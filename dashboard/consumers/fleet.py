@@ -1,0 +1,30 @@
+"""The fleet page's consumer: forwards the summary that ingest computes once per second."""
+
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from dashboard.consumers.base import CLOSE_UNAUTHENTICATED
+from telemetry.live import FLEET_GROUP
+from telemetry.selectors import fleet_summary
+
+
+class FleetConsumer(AsyncJsonWebsocketConsumer):
+    """Pushes fleet summary changes to the operator's first page."""
+
+    async def connect(self) -> None:
+        if not self.scope["user"].is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        # Join before reading, so a change committed while we read is still pushed afterwards.
+        await self.channel_layer.group_add(FLEET_GROUP, self.channel_name)
+        await self.accept()
+        # The page was rendered some time ago; bring it up to date without waiting for ingest.
+        await self.send_json(await database_sync_to_async(fleet_summary)())
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)
+
+    async def fleet_update(self, event: dict) -> None:
+        await self.send_json(event["data"])
