@@ -16,6 +16,8 @@ app.layout = html.Div(className="bw-dash", children=[
                      searchable=False, className="bw-dropdown"),
         html.Span(id="heatmap-note", className="bw-muted"),
     ]),
+    # Filled by heatmap.js (HTML, not a Plotly colorbar): colour scale, "no data" and empty slots.
+    html.Div(id="heatmap-legend", className="bw-legend", role="img", **{"aria-label": "Colour legend"}),
     dcc.Graph(id="heatmap", className="bw-heatmap", config={"displaylogo": False, "responsive": True},
               figure={"data": [], "layout": {"height": 200}}),
     # The whole page: layout, static facts and values (server callback on the metric).

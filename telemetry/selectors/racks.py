@@ -19,6 +19,7 @@ is also the shape of the live deltas.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -82,8 +83,53 @@ def metric_choices() -> list[dict]:
     return [{"value": m.name, "label": f"{m.label} ({m.unit})" if m.unit else m.label} for m in METRICS.values()]
 
 
+# A fingerprint of everything the layout depends on, cheap next to building it (≈5 ms against
+# ≈200 ms at 16k GPUs): row counts and a sum of row hashes per table. Any insert, delete, move
+# or rename changes it; a collision would need two edits whose hashes cancel exactly.
+_LAYOUT_FINGERPRINT_SQL = """
+SELECT concat_ws('/',
+  (SELECT count(*) || ':' || coalesce(sum(hashtext(concat_ws(':', id, uuid, index, model, node_id))), 0)
+     FROM telemetry_gpu),
+  (SELECT count(*) || ':' || coalesce(sum(hashtext(concat_ws(':', id, hostname, rack_id, u_position, u_height))), 0)
+     FROM telemetry_node),
+  (SELECT count(*) || ':' || coalesce(sum(hashtext(concat_ws(':', id, name, row_id, position, u_height))), 0)
+     FROM telemetry_rack),
+  (SELECT count(*) || ':' || coalesce(sum(hashtext(concat_ws(':', id, name, hall_id))), 0) FROM telemetry_row),
+  (SELECT count(*) || ':' || coalesce(sum(hashtext(concat_ws(':', id, name, site_id))), 0) FROM telemetry_hall),
+  (SELECT count(*) || ':' || coalesce(sum(hashtext(concat_ws(':', id, name))), 0) FROM telemetry_site))
+"""
+_layout_cache: dict = {"key": None, "grid": None}
+_layout_lock = threading.Lock()
+
+
 def rack_grid() -> dict:
-    """The floor plan as one grid, with every GPU's cell and static facts; see the module doc."""
+    """The floor plan as one grid, with every GPU's cell and static facts; see the module doc.
+
+    The layout is memoised per process until the inventory changes; the current job of each
+    GPU is read on every call.
+    """
+    with connection.cursor() as cur:
+        cur.execute(_LAYOUT_FINGERPRINT_SQL)
+        (key,) = cur.fetchone()
+    with _layout_lock:
+        if _layout_cache["key"] != key:
+            _layout_cache.update(key=key, grid=_build_layout())
+        layout = _layout_cache["grid"]
+    column, jobs = _jobs_of(layout["gpus"]["id"])
+    return {**layout, "gpus": {**layout["gpus"], "job": column}, "jobs": jobs}
+
+
+def _jobs_of(gpu_ids: list[int]) -> tuple[list[int], list[dict]]:
+    """Each GPU's current job as an index into the returned job list (-1 for none)."""
+    current = _current_jobs()
+    order: dict[int, int] = {}
+    column = [-1 if (job := current.get(g)) is None else order.setdefault(job, len(order)) for g in gpu_ids]
+    jobs = {j.id: j for j in Job.objects.filter(id__in=list(order))}
+    return column, [{"key": f"{jobs[j].source}:{jobs[j].external_id}", "name": jobs[j].name,
+                     "tenant": jobs[j].account} for j in order]
+
+
+def _build_layout() -> dict:
     racks = list(Rack.objects.select_related("row__hall__site")
                  .order_by("row__hall__site__name", "row__hall__name", "row__name", "position", "name"))
     nodes = list(Node.objects.values("id", "hostname", "rack_id", "u_position", "u_height"))
@@ -91,8 +137,7 @@ def rack_grid() -> dict:
     by_node: dict[int, list[dict]] = {}
     for g in gpus:
         by_node.setdefault(g["node_id"], []).append(g)
-    jobs = _current_jobs()
-    builder = _GridBuilder(jobs)
+    builder = _GridBuilder()
     placed = builder.place_racks(racks, nodes, by_node)
     builder.place_unplaced([n for n in nodes if n["id"] not in placed], by_node)
     return builder.result()
@@ -108,12 +153,11 @@ def _current_jobs() -> dict[int, int]:
 class _GridBuilder:
     """Accumulates panels, racks and GPU cells; positions in grid units (x column, y row)."""
 
-    def __init__(self, jobs: dict[int, int]):
-        self.jobs = jobs
+    def __init__(self):
         self.panels: list[dict] = []
         self.racks: list[dict] = []
-        self.cells = {k: [] for k in ("id", "x", "y", "index", "uuid", "host", "model", "job", "rack")}
-        self._interned: dict[str, dict[object, int]] = {"host": {}, "model": {}, "job": {}}
+        self.cells = {k: [] for k in ("id", "x", "y", "index", "uuid", "host", "model", "rack")}
+        self._interned: dict[str, dict[object, int]] = {"host": {}, "model": {}}
         self._rack = -1  # index into self.racks of the rack being filled; -1 for unplaced
         self._line = {"x": 0, "y": 0, "h": 0, "n": 0}
         self.width = 0
@@ -141,8 +185,6 @@ class _GridBuilder:
         c["uuid"].append(gpu["uuid"])
         c["host"].append(self._intern("host", host))
         c["model"].append(self._intern("model", gpu["model"] or "unknown model"))
-        job = self.jobs.get(gpu["id"])
-        c["job"].append(-1 if job is None else self._intern("job", job))
         c["rack"].append(self._rack)
 
     def place_racks(self, racks: list[Rack], nodes: list[dict], by_node: dict[int, list[dict]]) -> set[int]:
@@ -188,14 +230,10 @@ class _GridBuilder:
             self._add_gpu(gpu, host, x0 + i % UNPLACED_WIDTH, y0 + i // UNPLACED_WIDTH)
 
     def result(self) -> dict:
-        job_ids = list(self._interned["job"])
-        jobs = {j.id: j for j in Job.objects.filter(id__in=job_ids)}
         height = self._line["y"] + self._line["h"]
         return {
             "width": self.width, "height": height, "panels": self.panels, "racks": self.racks,
             "gpus": self.cells, "hosts": list(self._interned["host"]), "models": list(self._interned["model"]),
-            "jobs": [{"key": f"{jobs[j].source}:{jobs[j].external_id}", "name": jobs[j].name,
-                      "tenant": jobs[j].account} for j in job_ids],
         }
 
 

@@ -198,3 +198,12 @@ def test_page_and_dash_endpoints_need_a_login(client, django_user_model):
     assert 'id="react-entry-point"' in html and "DashRenderer" in html  # the app is embedded, not framed
     assert "DJANGO_PLOTLY_DASH" not in html  # the middleware filled both placeholders
     assert client.get("/django_plotly_dash/app/heatmap/_dash-layout").status_code == 200
+
+
+@pytest.mark.django_db
+def test_layout_memo_follows_inventory_changes(floor):
+    assert _cell(rack_grid(), "GPU-n2-0") == (3, 9)
+    Node.objects.filter(hostname="n2").update(u_position=5)  # moved up four U
+    assert _cell(rack_grid(), "GPU-n2-0") == (3, 5)
+    Gpu.objects.create(node=Node.objects.get(hostname="n2"), index=1, uuid="GPU-n2-1")
+    assert "GPU-n2-1" in rack_grid()["gpus"]["uuid"]

@@ -20,7 +20,7 @@
 
   var st = { payload: null, z: null, cd: null, pos: null, socket: null, metric: null, clickBound: false,
              ready: false, drawing: false, pending: [] };
-  var stats = (BW.heatmapStats = { applied: 0, lastApplyMs: null, lastCells: 0, renderedAt: null });
+  var stats = (BW.heatmapStats = { applied: 0, lastApplyMs: null, lastCells: 0, renderedAt: null, renders: 0 });
   BW.heatmapState = function () { return st; };  // for tests and the heatmap bench
 
   function fmt(meta, v) {
@@ -58,8 +58,33 @@
       labels = ["no data", String(lo), String((lo + hi) / 2), hi + "+"];
       title = meta.label + (meta.unit ? " (" + meta.unit + ")" : "");
     }
-    return { zmin: zmin, zmax: zmax, colorscale: stops,
-             colorbar: { tickvals: ticks, ticktext: labels, title: { text: title } } };
+    meta._legend = { stops: stops, ticks: ticks, labels: labels, title: title, zmin: zmin, zmax: zmax };
+    return { zmin: zmin, zmax: zmax, colorscale: stops, showscale: false };
+  }
+
+  function esc(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
+  /* The legend is HTML beside the toolbar, not a Plotly colorbar: Plotly redraws a colorbar on
+   * every restyle, and a tall figure's colorbar is taller than the screen. */
+  function drawLegend(meta) {
+    var box = document.getElementById("heatmap-legend");
+    if (!box) return;
+    var L = meta._legend, html = '<span class="bw-legend-title">' + esc(L.title) + "</span>";
+    var swatch = function (colour, label) {
+      return '<span class="bw-legend-item"><span class="bw-swatch" style="background:' + colour + '"></span>' + esc(label) + "</span>";
+    };
+    if (meta.scale === "categorical") {
+      meta.categories.forEach(function (c, i) { html += swatch(CATEGORY_COLOURS[i], c); });
+    } else {
+      var grad = CIVIDIS.map(function (c, i) { return c + " " + (100 * i / (CIVIDIS.length - 1)).toFixed(1) + "%"; });
+      html += '<span class="bw-legend-scale"><span class="bw-gradient" style="background:linear-gradient(to right,' +
+        grad.join(",") + ')"></span><span class="bw-legend-ticks"><span>' + esc(L.labels[1]) + "</span><span>" +
+        esc(L.labels[2]) + "</span><span>" + esc(L.labels[3]) + "</span></span></span>";
+    }
+    html += swatch(NO_DATA, "no data") + swatch(EMPTY, "empty slot");
+    box.innerHTML = html;
   }
 
   function colourValue(meta, v) {
@@ -108,12 +133,13 @@
     var rowPx = Math.max(4, Math.min(14, 900 / Math.max(H, 1)));
     var trace = Object.assign({
       type: "heatmap", z: z, customdata: cd, text: text, hoverongaps: false,
-      hovertemplate: "%{text}%{customdata}<extra></extra>", showscale: true
+      hovertemplate: "%{text}%{customdata}<extra></extra>"
     }, axis);
+    drawLegend(meta);
     return {
       data: [trace],
       layout: {
-        height: Math.round(H * rowPx) + 40, margin: { l: 8, r: 8, t: 24, b: 8 }, uirevision: meta.metric,
+        height: Math.round(H * rowPx) + 32, margin: { l: 8, r: 8, t: 24, b: 8 }, uirevision: meta.metric,
         // A GPU cell is twice as wide as it is tall whatever the cluster's shape, centred.
         xaxis: { visible: false, range: [-0.5, W - 0.5], scaleanchor: "y", scaleratio: 2, constrain: "domain" },
         yaxis: { visible: false, autorange: "reversed" },
@@ -203,6 +229,7 @@
   dc.breakwater = Object.assign(dc.breakwater || {}, {
     heatmapFigure: function (payload) {
       if (!payload) return [window.dash_clientside.no_update, ""];
+      stats.payloadAt = performance.now();
       st.payload = payload;
       st.metric = payload.metric.metric;
       st.ready = false;
@@ -216,13 +243,17 @@
         // Subscribe only now: a push applied while Dash is still plotting would race its redraw.
         st.ready = true;
         subscribe();
-        requestAnimationFrame(function () { if (stats.renderedAt === null) stats.renderedAt = performance.now(); });
+        requestAnimationFrame(function () {
+          if (stats.renderedAt === null) stats.renderedAt = performance.now();
+          stats.renders += 1;
+        });
       });
       if (!payload.grid.gpus.id.length) {
         stats.renderedAt = performance.now();
         return [emptyFigure("No GPUs yet. They appear here as soon as telemetry or a topology import names them."), ""];
       }
       var figure = buildFigure(payload);
+      stats.builtAt = performance.now();
       z = figure.data[0].z;
       return [figure, payload.metric.note || ""];
     },

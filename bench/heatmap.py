@@ -1,0 +1,162 @@
+"""bench/heatmap: the rack heatmap at 16,384 GPUs in Debian's Chromium, through a real daphne.
+
+Measures, on a scratch database filled by the cluster simulator (topology + one tick):
+
+- first_render_s: navigation start → every GPU's cell painted, median of several loads with the
+  browser's static cache warm (an operator's browser has loaded Breakwater before; the 4.8 MB
+  plotly.js is fetched once). The cold-cache load is printed too. Target ≤ 1.5 s.
+- update_ms: a websocket push received → the changed cells painted, median over pushes that
+  change every GPU's value (the worst case: a whole fleet's tick). Target ≤ 250 ms.
+- Baseline, same page, same data: the same update delivered without deltas, as a full reload of
+  the grid and values through the Dash callback and a redraw. Also the end-to-end time from an
+  ingest POST to the cells changing in the browser (includes the one-second publish throttle;
+  the page promise is 2 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime
+
+from _common import (
+    REPO,
+    daphne_server,
+    drop_database,
+    median,
+    recreate_database,
+    say,
+    scratch_database_url,
+    setup_django,
+)
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic",
+]
+PASSWORD = "bench-operator-pw"
+FIRST_RENDER_TARGET_S = 1.5
+UPDATE_TARGET_MS = 250.0
+RENDERED = "window.BW && BW.heatmapStats && BW.heatmapStats.renderedAt !== null"
+
+
+def fill(server: str, gpus: int) -> None:
+    """Topology and one tick of telemetry from the simulator, through the real ingest API."""
+    from django.contrib.auth import get_user_model
+
+    from telemetry.actions import do_create_collector_token
+
+    token = do_create_collector_token("bench-heatmap", replace=True)
+    say(f"simulating {gpus:,} GPUs (topology import + one tick)")
+    subprocess.run([sys.executable, "manage.py", "simulate", "--server", server, "--token", token,
+                    "--gpus", str(gpus), "--once"], cwd=REPO, env=os.environ, check=True)
+    get_user_model().objects.create_superuser("bench", "bench@example.com", PASSWORD)
+
+
+def push_all(server: str, token: str, hosts: list[str], uuids: list[str], temp: float) -> float:
+    """Every GPU's temperature set to `temp` (plus its index, so cells differ); returns POST seconds."""
+    body = {"gpus": {"host": hosts, "uuid": uuids, "time": datetime.now(UTC).isoformat(),
+                     "fields": {"gpu_temp": [temp + (i % 7) for i in range(len(uuids))]}}}
+    req = urllib.request.Request(f"{server}/api/v1/ingest", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        resp.read()
+    return time.perf_counter() - t0
+
+
+def open_page(page, server: str) -> float:
+    """Load /racks/ and return seconds from navigation start to the heatmap painted."""
+    page.goto(f"{server}/racks/")
+    page.wait_for_function(RENDERED, timeout=60_000)
+    return page.evaluate("BW.heatmapStats.renderedAt") / 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=16384)
+    ap.add_argument("--loads", type=int, default=5, help="warm-cache page loads to time")
+    ap.add_argument("--updates", type=int, default=5, help="whole-fleet pushes to time")
+    args = ap.parse_args()
+
+    url = scratch_database_url("heatmap")
+    recreate_database(url)
+    setup_django(url)
+    from playwright.sync_api import sync_playwright
+
+    from telemetry.actions import do_create_collector_token
+    from telemetry.models import Gpu
+
+    try:
+        with daphne_server(url) as server:
+            fill(server, args.gpus)
+            rows = list(Gpu.objects.select_related("node").order_by("id").values_list("node__hostname", "uuid"))
+            hosts, uuids = [h for h, _ in rows], [u for _, u in rows]
+            token = do_create_collector_token("bench-heatmap-push", replace=True)
+            say(f"{len(uuids):,} GPUs in the inventory; starting Chromium")
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+                page = browser.new_page(viewport={"width": 1600, "height": 1000})
+                page.goto(f"{server}/login/?next=/racks/")
+                page.fill("input[name=username]", "bench")
+                page.fill("input[name=password]", PASSWORD)
+                page.click("button[type=submit]")
+                page.wait_for_function(RENDERED, timeout=60_000)
+                cold = page.evaluate("BW.heatmapStats.renderedAt") / 1000
+                say(f"cold-cache first render {cold:.2f} s")
+                loads = []
+                for i in range(args.loads):
+                    loads.append(open_page(page, server))
+                    say(f"warm load {i + 1}/{args.loads}: {loads[-1]:.2f} s")
+                cells = page.evaluate("BW.heatmapState().pos.size")
+                assert cells == len(uuids), f"page drew {cells} GPU cells for {len(uuids)} GPUs"
+
+                page.wait_for_selector("#bw-conn[data-state=live]", timeout=30_000)
+                # Colour by temperature, then time whole-fleet pushes.
+                page.click("#metric")
+                page.click("text=GPU temperature (°C)")
+                page.wait_for_function("BW.heatmapState().metric === 'gpu_temp' && BW.heatmapState().ready",
+                                       timeout=60_000)
+                page.wait_for_function("BW.heatmapStats.applied > 0", timeout=30_000)
+                updates, e2e = [], []
+                for i in range(args.updates):
+                    before = page.evaluate("BW.heatmapStats.applied")
+                    t0 = time.perf_counter()
+                    post_s = push_all(server, token, hosts, uuids, 40.0 + 10 * (i % 4))
+                    page.wait_for_function(f"BW.heatmapStats.applied > {before} && BW.heatmapStats.lastCells > 0",
+                                           timeout=30_000)
+                    e2e.append(time.perf_counter() - t0)
+                    ms, n = page.evaluate("[BW.heatmapStats.lastApplyMs, BW.heatmapStats.lastCells]")
+                    updates.append(ms)
+                    say(f"push {i + 1}/{args.updates}: {n:,} cells applied in {ms:.0f} ms "
+                        f"(ingest POST {post_s:.2f} s, POST start → painted {e2e[-1]:.2f} s)")
+                # Baseline: the same change delivered the way a page without deltas would get it,
+                # a full reload of the grid and values through the Dash callback, then a redraw.
+                baseline = []
+                for _ in range(args.updates):
+                    before = page.evaluate("BW.heatmapStats.renders")
+                    t0 = page.evaluate("performance.now()")
+                    page.evaluate("dash_clientside.set_props('heatmap-reload', {data: Date.now()})")
+                    page.wait_for_function(f"BW.heatmapStats.renders > {before}", timeout=60_000)
+                    baseline.append(page.evaluate("performance.now()") - t0)
+                    say(f"baseline full reload: {baseline[-1]:.0f} ms")
+                browser.close()
+    finally:
+        drop_database(url)
+
+    first, update, base = median(loads), median(updates), median(baseline)
+    say(f"full reload (baseline) median {base:.0f} ms; patch path {update:.0f} ms "
+        f"({base / update:.1f}× faster); ingest → painted median {median(e2e):.2f} s")
+    ok = first <= FIRST_RENDER_TARGET_S and update <= UPDATE_TARGET_MS
+    print(f"RESULT heatmap first_render_s={first:.2f} update_ms={update:.0f} target=first_render_s<="
+          f"{FIRST_RENDER_TARGET_S},update_ms<={UPDATE_TARGET_MS:.0f} gpus={len(uuids)} cold_first_render_s={cold:.2f} "
+          f"baseline_reload_ms={base:.0f} ingest_to_paint_s={median(e2e):.2f} {'PASS' if ok else 'FAIL'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
