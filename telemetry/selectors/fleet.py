@@ -19,7 +19,7 @@ from django.db import connection
 from django.utils import timezone
 
 from telemetry.fields import KINDS
-from telemetry.models import Gpu, HealthState, IngestBatch, Node, NodeState
+from telemetry.models import Gpu, GpuEvent, HealthState, IngestBatch, Node, NodeState
 
 # XIDs whose documented recovery is a GPU reset, a node reboot or an RMA (NVIDIA "XID Errors"
 # catalogue): 48 DBE, 63/64 row-remap (page retirement) event/failure, 74 NVLink error,
@@ -133,13 +133,39 @@ def fleet_summary(now: datetime | None = None) -> dict:
         fleet = _fleet_health_and_load(cursor, now - settings.STALE_AFTER)
         ingest = _ingest_rate(cursor, now)
         newest = _newest_sample(cursor, now)
+        faults = _open_faults(cursor)
     return {
         "generated_at": _iso(now),
         "stale_after_s": settings.STALE_AFTER.total_seconds(),
         **fleet,
         "ingest": ingest,
         "newest_sample": newest,
+        "faults": {**faults, "newest": gpu_events(limit=NEWEST_EVENTS)},
     }
+
+
+NEWEST_EVENTS = 8
+
+# Open fault events per (kind, code): few distinct pairs however many events, and the partial
+# index gpu_event_open_idx (WHERE cleared_at IS NULL) holds exactly these rows.
+_OPEN_FAULTS_SQL = f"""
+SELECT kind, code, count(*), count(DISTINCT gpu_id) FROM {GpuEvent._meta.db_table}
+WHERE cleared_at IS NULL GROUP BY kind, code
+"""
+
+
+def _open_faults(cursor) -> dict:
+    """Open fault events by the XID catalogue's severity, and how many GPUs have one."""
+    from telemetry.xid import SEVERITIES, describe
+
+    cursor.execute(_OPEN_FAULTS_SQL)
+    by_severity = dict.fromkeys(reversed(SEVERITIES), 0)
+    total = 0
+    for kind, code, n, _gpus in cursor.fetchall():
+        by_severity[describe(code if kind == "xid" else _KIND_XID.get(kind, 0)).severity] += n
+        total += n
+    cursor.execute(f"SELECT count(DISTINCT gpu_id) FROM {GpuEvent._meta.db_table} WHERE cleared_at IS NULL")
+    return {"open": total, "gpus": cursor.fetchone()[0], "by_severity": by_severity}
 
 
 def _fleet_health_and_load(cursor, stale_before: datetime) -> dict:
@@ -229,7 +255,6 @@ def latest_values(kind: str, fields: list[str] | tuple[str, ...]) -> list[tuple]
 def gpu_events(*, gpu_uuid: str | None = None, kind: str | None = None, open_only: bool = False,
                limit: int = 100) -> list[dict]:
     """Fault events newest first, each with the XID catalogue's meaning and recommended action."""
-    from telemetry.models import GpuEvent
     from telemetry.xid import describe, effective_action
 
     qs = GpuEvent.objects.select_related("gpu__node").order_by("-last_seen")

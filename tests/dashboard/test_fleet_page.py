@@ -354,3 +354,30 @@ def test_latest_values_rejects_unknown_fields():
     with pytest.raises(ValueError, match="gpu_utl"):
         latest_values("gpu", ["gpu_utl"])
     assert latest_values("gpu", ["gpu_util"]) == []
+
+
+@pytest.mark.django_db
+def test_summary_counts_open_faults_by_severity_and_lists_the_newest(client, django_user_model):
+    from telemetry.models import GpuEvent
+
+    gpu, other = make_gpu(**HEALTHY), make_gpu(**HEALTHY)
+    at = FIXED_NOW - timedelta(minutes=5)
+
+    def event(g, kind, code, minutes, cleared=False):
+        GpuEvent.objects.create(gpu=g, kind=kind, code=code, first_seen=at, last_seen=at + timedelta(minutes=minutes),
+                                source="kmsg", cleared_at=FIXED_NOW if cleared else None)
+
+    event(gpu, "xid", 79, 1)  # fallen off the bus: critical
+    event(gpu, "xid", 13, 2)  # graphics exception: an application fault, a warning
+    event(other, "ecc_dbe", 0, 3)  # same catalogue entry as XID 48: critical
+    event(other, "xid", 79, 0, cleared=True)  # cleared: not open
+
+    faults = fleet_summary(now=FIXED_NOW)["faults"]
+
+    assert faults["open"] == 3 and faults["gpus"] == 2
+    assert faults["by_severity"] == {"critical": 2, "warning": 1, "info": 0}
+    assert [(e["kind"], e["code"]) for e in faults["newest"]] == [("ecc_dbe", 0), ("xid", 13), ("xid", 79), ("xid", 79)]
+
+    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345"))
+    html = client.get("/").content.decode()
+    assert "XID 79" in html and f"/gpus/{gpu.uuid}/" in html and 'id="faults-critical">2<' in html

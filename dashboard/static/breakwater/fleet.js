@@ -34,6 +34,26 @@
     text: String
   };
 
+  function esc(v) {
+    return String(v === null || v === undefined ? "" : v)
+      .replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+  }
+
+  // Must match the rows fleet.html renders.
+  var LISTS = {
+    "faults.newest": function (events) {
+      if (!events.length) return '<tr class="bw-empty"><td colspan="6">No fault events.</td></tr>';
+      return events.map(function (ev) {
+        var uuid = ev.gpu_uuid.length > 16 ? ev.gpu_uuid.slice(0, 15) + "…" : ev.gpu_uuid;
+        var what = (ev.kind === "xid" ? "XID " + ev.code : ev.kind) + (ev.count > 1 ? " ×" + ev.count : "");
+        return "<tr><td>" + esc(ev.last_seen.slice(11, 19)) + '</td><td><a href="/nodes/' + encodeURIComponent(ev.host) +
+          '/">' + esc(ev.host) + '</a></td><td><a href="/gpus/' + encodeURIComponent(ev.gpu_uuid) + '/">' + esc(uuid) +
+          "</a></td><td>" + esc(what) + "</td><td>" + esc(ev.meaning) + '</td><td><span class="bw-sev bw-sev-' +
+          esc(ev.severity) + '">' + esc(ev.severity) + "</span></td></tr>";
+      }).join("");
+    }
+  };
+
   function formatAge(s) {
     if (s === null) return "no samples yet";
     if (s < 0) return "in the future";
@@ -58,6 +78,10 @@
     root.querySelectorAll("[data-bind-width]").forEach(function (el) {
       var v = lookup(summary, el.dataset.bindWidth);
       el.style.width = (v === null || v === undefined ? 0 : Math.min(100, Math.max(0, v))) + "%";
+    });
+    root.querySelectorAll("[data-list]").forEach(function (el) {
+      var rows = lookup(summary, el.dataset.list);
+      if (Array.isArray(rows) && LISTS[el.dataset.list]) el.innerHTML = LISTS[el.dataset.list](rows);
     });
     root.querySelectorAll("[data-zero]").forEach(function (el) {
       el.classList.toggle("is-zero", !lookup(summary, el.dataset.zero));
