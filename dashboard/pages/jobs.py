@@ -1,10 +1,26 @@
-"""STUB: being built."""
+"""The Jobs pages: the job list and one job's page; the Dash apps inside load their own data."""
 
-from django.http import HttpResponse
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+
+from telemetry.selectors.jobs import get_job
 
 
-def _stub(request, *args, **kwargs):
-    return HttpResponse("not built yet", status=501)
+@login_required
+def job_list(request):
+    """Every job, filterable, newest first (Dash app `jobs`)."""
+    return render(request, "jobs.html")
 
 
-job_list = job_detail = _stub
+@login_required
+def job_detail(request, key: str):
+    """One job's gang on the topology, its stragglers and step times (Dash app `job`).
+
+    An unknown key is a 404 page that says so, inside the console's frame, not a bare error.
+    """
+    job = get_job(key) if ":" in key else None
+    if job is None:
+        return render(request, "job.html", {"key": key, "job": None}, status=404)
+    return render(request, "job.html", {"key": key, "job": job})

@@ -20,6 +20,7 @@ from django.db import DatabaseError, close_old_connections, connection, transact
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from telemetry import live
 from telemetry.api.auth import AuthError, authenticate_collector
 from telemetry.api.views import ApiError, _body
 from telemetry.ingest.schema import BatchError, TimeParser, _loads
@@ -81,6 +82,8 @@ def do_record_training_steps(source: str, external_id: str, rows: list[tuple]) -
             "nan_count = EXCLUDED.nan_count, inf_count = EXCLUDED.inf_count",
             [(job.id, *row) for row in rows],
         )
+    # Open job pages recompute their ranks on the next tick (after this commit).
+    live.schedule_fleet_publish()
     return len(rows)
 
 

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+from telemetry import live
 from telemetry.k8s.pods import JobIn, NodeFacts, job_from_pod, mark_deleted
 from telemetry.models import Allocation, Gpu, Job, JobState, JobStateChange, Node
 
@@ -51,6 +52,7 @@ def do_sync_k8s_pods(pods: list[dict], now: datetime, *, gone: bool = False, com
     if complete:
         counts["vanished"] = _close_vanished({f.uid for f in facts}, now, counts)
     logger.info("k8s pod sync: %s", dict(counts))
+    live.schedule_fleet_publish()  # open job pages refresh once this commits
     return counts
 
 

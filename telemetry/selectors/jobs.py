@@ -166,7 +166,9 @@ def _page(states: list[str], where: list[str], params: dict, limit: int, offset:
         f" WHERE {cond}{extra} ORDER BY {order} LIMIT %(inner)s)"
         for group, cond, order, column in parts
     )
-    sql = f"{union} ORDER BY grp, sort_time DESC NULLS LAST, id DESC LIMIT %(limit)s OFFSET %(offset)s"
+    # Wrapped: with a single part, "(SELECT … ORDER BY … LIMIT) ORDER BY …" is two ORDER BYs.
+    sql = (f"SELECT * FROM ({union}) AS page ORDER BY grp, sort_time DESC NULLS LAST, id DESC "
+           "LIMIT %(limit)s OFFSET %(offset)s")
     return list(Job.objects.raw(sql, params))
 
 

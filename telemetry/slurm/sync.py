@@ -13,6 +13,7 @@ from datetime import datetime
 
 from django.db import transaction
 
+from telemetry import live
 from telemetry.models import Allocation, Gpu, Job, JobState, JobStateChange, Node
 from telemetry.slurm import parse
 
@@ -80,4 +81,5 @@ def do_sync_slurm(jobs: list[parse.Job], allocations: list[parse.Allocation], *,
     for job in by_id.values():
         if job.state in ENDED and job.end_time:
             closed += job.allocations.filter(end__isnull=True).update(end=job.end_time)
+    live.schedule_fleet_publish()  # open job pages refresh once this commits
     return {"jobs": len(by_id), "created": created, "allocations": made, "closed": closed}
