@@ -52,6 +52,9 @@ class GpuEvent(models.Model):
                          condition=models.Q(cleared_at__isnull=True)),
             # The fleet's newest faults: ORDER BY last_seen DESC LIMIT n.
             models.Index(fields=["-last_seen"], name="gpu_event_last_seen_idx"),
+            # A GPU page's fault timeline, cleared events included, refreshed on every live tick:
+            # WHERE gpu_id = %s ORDER BY last_seen DESC LIMIT n.
+            models.Index(fields=["gpu", "-last_seen"], name="gpu_event_gpu_last_seen_idx"),
         ]
 
     @property
