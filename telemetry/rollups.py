@@ -332,7 +332,9 @@ def _execute(r: Rollup, start: datetime, end: datetime) -> tuple[int, float]:
 def _retention_tables() -> tuple[tuple[str, str], ...]:
     """(hypertable, RETENTION key) for every table whose old chunks are dropped."""
     raw = [k.table for k in KINDS.values()] + ["telemetry_narrow_sample"]
-    out = [(t, "raw") for t in [*raw, "telemetry_ingest_batch"]]
+    # Per-rank training steps (one row per rank per step report: ~13M a day at 2k GPUs) keep the
+    # raw samples' retention; nothing rolls them up.
+    out = [(t, "raw") for t in [*raw, "telemetry_ingest_batch", "telemetry_training_step"]]
     out += [(f"{t}_{res}", res) for res in INTERVALS for t in raw]
     return tuple(out)
 

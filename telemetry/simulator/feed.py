@@ -44,6 +44,7 @@ class JobFeed:
     def __init__(self, seed: int):
         self.rng = random.Random(f"breakwater-steps:{seed}")
         self.sent: dict[int, tuple] = {}  # job id -> the record last put in a snapshot
+        self.first = True
 
     def snapshot(self, cluster: Cluster) -> dict | None:
         """The jobs that changed since the last call, or None when none did."""
@@ -58,6 +59,10 @@ class JobFeed:
                 changed.append(record)
         for job in ended:
             self.sent.pop(job.id, None)  # it will not change again
+        # The first snapshot lists every live job: jobs a previous run left open are closed.
+        first, self.first = self.first, False
+        if first:
+            return {"source": "slurm", "jobs": changed, "complete": True}
         return {"source": "slurm", "jobs": changed} if changed else None
 
     def _record(self, cluster: Cluster, job: Job) -> dict:

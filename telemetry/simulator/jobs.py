@@ -51,6 +51,7 @@ QOS = {"high": (1, 30_000), "normal": (6, 10_000), "low": (3, 1_000)}  # weight,
 OUTCOMES = {"COMPLETED": 86, "FAILED": 6, "CANCELLED": 5, "TIMEOUT": 3}  # how jobs end, in %
 ENDINGS = {"COMPLETED": "finished", "FAILED": "failed", "CANCELLED": "was cancelled", "TIMEOUT": "timed out"}
 PREEMPT_AFTER_S = 300.0  # a high-QoS job waits this long before it preempts low-QoS work
+BACKLOG = 0.30  # demand beyond the target at the peak of the day, as a share of the nodes
 
 
 def diurnal(t: float) -> float:
@@ -141,12 +142,15 @@ class Scheduler:
 
     1. Jobs past their end time finish and free their nodes; jobs preempted on the previous
        tick are requeued (PENDING again, submitted now, owing the rest of their run time).
-    2. The queue starts in priority order while its head fits. A high-QoS head that has waited
-       PREEMPT_AFTER_S preempts the youngest low-QoS jobs when that makes room; otherwise a
-       later job starts only if it ends before the head could start (backfill scheduling).
-    3. While busy plus queued nodes are under the target, a few submissions per tick arrive
-       (each with a probability, so there are gaps) and join the queue. A job takes whole
-       nodes, preferring a contiguous run from a random start, as a topology-aware scheduler would.
+    2. The queue starts in priority order as long as its head fits. A high-QoS head that has
+       waited PREEMPT_AFTER_S preempts the youngest low-QoS jobs when that makes room; otherwise
+       a later job starts only if it fits and ends before the head could start (backfill
+       scheduling).
+    3. While busy plus queued nodes are under the target (plus a backlog that grows towards the
+       peak of the day), a few submissions per tick arrive (each with a probability, so there
+       are gaps) and join the queue. Around the peak demand exceeds the cluster and jobs wait;
+       at night only a job too big for the free nodes does. A job takes whole nodes, preferring
+       a contiguous run from a random start, as a topology-aware scheduler would.
     On the first tick (`warm`) the cluster fills to the target at once with jobs already under
     way, and a few submissions are left waiting.
     """
@@ -191,25 +195,26 @@ class Scheduler:
         self._requeue(t)
         if not self.enabled:
             return events
-        events += self._start_queued(t)
         want = int(self.target(t) * len(self.groups))
+        events += self.run_queue(t)
+        demand = want if warm else want + int(BACKLOG * len(self.groups) * diurnal(t))
         queued = self.queued
-        attempts = 1 + min(5, (want - self.busy - queued) // 16)
+        attempts = 1 + min(5, (demand - self.busy - queued) // 16)
         misses = 0
-        while self.busy + queued < want and (attempts > 0 or (warm and misses < 50)):
+        while self.busy + queued < demand and (attempts > 0 or (warm and misses < 50)):
             attempts -= 1
             if not warm and self.rng.random() < 0.4:
                 continue
-            job = self._warm_job(t, want) if warm else self._submit(t)
+            job = self._warm_job(t, want) if warm else self._arrive(t)
             misses = 0 if job else misses + 1
             if job and not warm:
-                events += self._start_queued(t)
+                events += self.run_queue(t)
             queued = self.queued
         if warm:
             self._leave_waiting(t)
         return events
 
-    def _submit(self, t: float) -> Job | None:
+    def _arrive(self, t: float) -> Job | None:
         """A new submission joins the queue (it starts at once if it is first and fits)."""
         kind = self.rng.choices(KIND_NAMES, KIND_WEIGHTS)[0]
         sizes = [n for n in KINDS[kind][1] if n <= self.max_size]
@@ -217,7 +222,7 @@ class Scheduler:
             return None
         job = make_job(self.rng, self.new_id(), kind, [], t, size=self.rng.choice(sizes))
         self.describe(job, submit=math.floor(t - self.meta.uniform(0.5, 5.0)))
-        self._enqueue(job)
+        self.submit(job)
         return job
 
     def _warm_job(self, t: float, want: int) -> Job | None:
@@ -249,7 +254,7 @@ class Scheduler:
             if sizes:
                 job = make_job(self.meta, self.new_id(), kind, [], t, size=self.meta.choice(sizes))
                 self.describe(job, submit=math.floor(t - self.meta.uniform(60, 1800)))
-                self._enqueue(job)
+                self.submit(job)
 
     def describe(self, job: Job, *, submit: float) -> Job:
         """Who submitted `job` and how it will end, drawn from `meta`."""
@@ -265,20 +270,26 @@ class Scheduler:
         return job
 
     # --- the queue ----------------------------------------------------------------------------
-    def _enqueue(self, job: Job) -> None:
+    def submit(self, job: Job) -> None:
+        """Put `job` in the queue (in priority order); it starts when the scheduler next runs the queue."""
         job.state, job.nodes = PENDING, []
         self.queue.append(job)
         self.queue.sort(key=lambda j: (-j.priority, j.submit, j.id))
 
-    def _start_queued(self, t: float) -> list[str]:
+    def run_queue(self, t: float) -> list[str]:
+        """Start what the queue allows at `t`: its head when it fits (after preempting for it, if it
+        may), else what can be backfilled. Returns an event line per start and preemption."""
         events: list[str] = []
         while self.queue:
             head = self.queue[0]
-            if head.size > self.free():
-                events += self._preempt_for(head, t)
-            if head.size > self.free():
-                return events + self._backfill(t, head)
-            events.append(self._start(head, t))
+            if head.size <= self.free():
+                events.append(self._start(head, t))
+                continue
+            preempted = self._preempt_for(head, t)
+            if preempted:
+                events += [*preempted, self._start(head, t)]
+                continue
+            return events + self._backfill(t, head)
         return events
 
     def _start(self, job: Job, t: float) -> str:
@@ -323,7 +334,7 @@ class Scheduler:
         for job in self.preempted:
             job.restarts += 1
             job.submit, job.start, job.end = t, t, t + job.left
-            self._enqueue(job)
+            self.submit(job)
         self.preempted = []
 
     def drain_ended(self) -> list[Job]:

@@ -185,7 +185,7 @@ class Runner:
 
 def progress_line(tick: Tick, s: Summary) -> str:
     st = tick.stats
-    line = (f"{tick.iso} gpus={st['gpus']} busy={st['busy_gpus']} jobs={st['jobs']} pending={st['pending']} "
+    line = (f"{tick.iso} gpus={st['gpus']} busy={st['busy_gpus']} jobs={st['jobs']} pending={st.get('pending', 0)} "
             f"it={st['it_kw']:.0f}kW requests={s.requests} accepted={s.accepted} "
             f"rejected={s.rejected} build={st['build_ms']:.0f}ms send={st.get('send_ms', 0):.0f}ms "
             f"sent={s.body_bytes / 1e6:.1f}MB")

@@ -12,6 +12,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Greatest
 
 from telemetry import live
 from telemetry.models import Allocation, Gpu, Job, JobState, JobStateChange, Node
@@ -48,30 +50,47 @@ def _upsert_job(j: parse.Job, now: datetime) -> tuple[Job, bool]:
     return job, created
 
 
-def _node(hostname: str) -> Node:
-    node, _ = Node.objects.get_or_create(hostname=hostname)
-    return node
+def _nodes(hostnames: set[str]) -> dict[str, Node]:
+    found = {n.hostname: n for n in Node.objects.filter(hostname__in=hostnames)}
+    missing = hostnames - found.keys()
+    if missing:
+        Node.objects.bulk_create([Node(hostname=h) for h in sorted(missing)], ignore_conflicts=True)
+        found |= {n.hostname: n for n in Node.objects.filter(hostname__in=missing)}
+    return found
 
 
 def _record_allocations(jobs: dict[str, Job], allocations: list[parse.Allocation]) -> int:
-    made = 0
-    for a in allocations:
-        job = jobs.get(a.job_id)
-        if job is None or a.start is None:
-            continue  # a job this sync did not list (finished in between): the next sync has it
-        node = _node(a.node)
-        gpus = {g.index: g for g in Gpu.objects.filter(node=node, index__in=a.gpu_indexes)}
+    """Add the ledger rows not there yet, in a few statements however many GPUs the sync lists
+    (a first sync of a busy cluster names thousands)."""
+    # A job this sync did not list (finished in between) or one without a start: the next sync has it.
+    wanted = [(jobs[a.job_id], a) for a in allocations if a.job_id in jobs and a.start is not None]
+    if not wanted:
+        return 0
+    nodes = _nodes({a.node for _, a in wanted})
+    gpus = {(g.node_id, g.index): g for g in Gpu.objects.filter(node__in=list(nodes.values()), index__isnull=False)}
+    have = set(Allocation.objects.filter(job__in=[j.id for j, _ in wanted])
+               .values_list("job_id", "node_id", "gpu_index", "start"))
+    new = []
+    for job, a in wanted:
+        node = nodes[a.node]
         for idx in a.gpu_indexes:
-            _, created = Allocation.objects.get_or_create(
-                job=job, node=node, gpu_index=idx, start=a.start, defaults={"gpu": gpus.get(idx), "end": a.end}
-            )
-            made += created
-    return made
+            if (job.id, node.id, idx, a.start) not in have:
+                have.add((job.id, node.id, idx, a.start))
+                new.append(Allocation(job=job, node=node, gpu_index=idx, start=a.start, end=a.end,
+                                      gpu=gpus.get((node.id, idx))))
+    Allocation.objects.bulk_create(new, ignore_conflicts=True)  # a concurrent sync may have added a row
+    return len(new)
 
 
 @transaction.atomic
-def do_sync_slurm(jobs: list[parse.Job], allocations: list[parse.Allocation], *, now: datetime) -> dict[str, int]:
-    """Upsert jobs, add allocations, close the allocations of jobs that ended."""
+def do_sync_slurm(jobs: list[parse.Job], allocations: list[parse.Allocation], *, now: datetime,
+                  complete: bool = False) -> dict[str, int]:
+    """Upsert jobs, add allocations, close the allocations of jobs that ended.
+
+    `complete`: `jobs` lists every job the scheduler still knows (a full squeue, or a restarted
+    simulator's first snapshot), so an open job missing from it ended while nobody watched; it is
+    closed as cancelled at `now`, with its allocations.
+    """
     by_id, created = {}, 0
     for j in jobs:
         by_id[j.job_id], new = _upsert_job(j, now)
@@ -81,5 +100,23 @@ def do_sync_slurm(jobs: list[parse.Job], allocations: list[parse.Allocation], *,
     for job in by_id.values():
         if job.state in ENDED and job.end_time:
             closed += job.allocations.filter(end__isnull=True).update(end=job.end_time)
+    vanished = _close_vanished(set(by_id), now) if complete else 0
     live.schedule_fleet_publish()  # open job pages refresh once this commits
-    return {"jobs": len(by_id), "created": created, "allocations": made, "closed": closed}
+    return {"jobs": len(by_id), "created": created, "allocations": made, "closed": closed, "vanished": vanished}
+
+
+OPEN = (JobState.PENDING, JobState.RUNNING, JobState.UNKNOWN)
+
+
+def _close_vanished(listed: set[str], now: datetime) -> int:
+    gone = list(Job.objects.select_for_update().filter(source=Job.Source.SLURM, state__in=OPEN)
+                .exclude(external_id__in=listed))
+    for job in gone:
+        # A scheduler clock ahead of ours may have started it "later" than now: never end before the start.
+        end = max(now, job.start_time) if job.start_time else now
+        job.state, job.end_time = JobState.CANCELLED, end
+        job.save(update_fields=["state", "end_time", "updated"])
+        JobStateChange.objects.get_or_create(job=job, time=end, state=JobState.CANCELLED,
+                                             defaults={"reason": "not in the scheduler's full listing"})
+        job.allocations.filter(end__isnull=True).update(end=Greatest("start", Value(end)))
+    return len(gone)

@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from telemetry.simulator.client import AuthError, IngestClient
 from telemetry.simulator.dynamics import Cluster
-from telemetry.simulator.runner import Runner, ServerUnavailable, training_client
+from telemetry.simulator.runner import Runner, ServerUnavailable
 from telemetry.simulator.scenarios import SCENARIOS, ScenarioError, ScenarioSet, parse_spec
 from telemetry.simulator.topology import Layout, build_layout, topology_document
 from telemetry.topology import TopologyError, do_import_topology
@@ -84,11 +84,8 @@ class Command(BaseCommand):
             client = IngestClient(opts["server"], token, concurrency=opts["concurrency"])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        # Only a diverging job reports training metrics; other runs need no second pool.
-        wants_training = any(spec.name == "divergence" for spec in opts["scenario"])
-        training = training_client(opts["server"], token) if wants_training else None
-        runner = Runner(cluster, client, interval=opts["interval"], write=self.stdout.write,
-                        server=opts["server"], training=training)
+        # The runner opens its own clients for the jobs and training endpoints.
+        runner = Runner(cluster, client, interval=opts["interval"], write=self.stdout.write, server=opts["server"])
         try:
             self._run(runner, opts)
         except AuthError as exc:
@@ -98,9 +95,8 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             self.stdout.write("stopped")
         finally:
+            runner.close()
             client.close()
-            if training is not None:
-                training.close()
 
     def _run(self, runner: Runner, opts: dict) -> None:
         runner.wait_for_server(opts["wait_timeout"])
