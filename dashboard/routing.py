@@ -2,12 +2,13 @@
 
 from django.urls import path
 
-from dashboard.consumers import fleet, heatmap, infra, inventory, jobs
+from dashboard.consumers import fabric, facility, fleet, heatmap, inventory, jobs
 
 websocket_urlpatterns = [
     path("ws/fleet/", fleet.FleetConsumer.as_asgi()),
     path("ws/heatmap/", heatmap.HeatmapConsumer.as_asgi()),
     path("ws/jobs/", jobs.JobConsumer.as_asgi()),
     path("ws/series/", inventory.SeriesConsumer.as_asgi()),
-    path("ws/infra/", infra.InfraConsumer.as_asgi()),
+    path("ws/fabric/", fabric.FabricConsumer.as_asgi()),
+    path("ws/facility/", facility.FacilityConsumer.as_asgi()),
 ]

@@ -6,14 +6,14 @@ from django.urls import include, path
 
 import dashboard.dash_apps  # noqa: F401  (registers the Dash apps before the first request)
 from dashboard import views
-from dashboard.pages import infra, inventory, jobs
+from dashboard.pages import fabric, facility, inventory, jobs
 
 urlpatterns = [
     path("", views.fleet, name="fleet"),
     path("racks/", views.racks, name="racks"),
-    path("nvlink/", infra.nvlink, name="nvlink"),
-    path("fabric/", infra.fabric, name="fabric"),
-    path("power/", infra.power, name="power"),
+    path("nvlink/", facility.nvlink, name="nvlink"),
+    path("fabric/", fabric.fabric, name="fabric"),
+    path("power/", facility.power, name="power"),
     path("jobs/", jobs.job_list, name="jobs"),
     # A job's key is "<source>:<scheduler id>" (slurm:1234, k8s:<pod uid>).
     path("jobs/<str:key>/", jobs.job_detail, name="job"),

@@ -8,4 +8,4 @@ figures are built from compact payloads (in the browser where the page is large,
 Channels 4).
 """
 
-from dashboard.dash_apps import heatmap, infra, inventory, jobs  # noqa: F401  (registers the apps)
+from dashboard.dash_apps import fabric, facility, heatmap, inventory, jobs  # noqa: F401  (registers the apps)

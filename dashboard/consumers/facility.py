@@ -3,6 +3,6 @@
 from dashboard.consumers.base import LiveConsumer
 
 
-class InfraConsumer(LiveConsumer):
+class FacilityConsumer(LiveConsumer):
     async def push(self) -> None:
         return None
