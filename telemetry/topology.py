@@ -183,6 +183,11 @@ def load_topology_file(path: str | Path) -> dict:
 
 
 # --- writing -----------------------------------------------------------------------------
+ANALYZE_AFTER_ROWS = 1000
+_INVENTORY_TABLES = ("telemetry_rack", "telemetry_node", "telemetry_gpu", "telemetry_switch", "telemetry_port",
+                     "telemetry_link", "telemetry_powerdevice", "telemetry_nvlinkdomain")
+
+
 @transaction.atomic
 def do_import_topology(doc: Any, *, replace: bool = False) -> ImportResult:
     """Validate `doc` and write it to the inventory (see the module docstring).
@@ -205,6 +210,12 @@ def do_import_topology(doc: Any, *, replace: bool = False) -> ImportResult:
     if replace:
         # Ingest caches ids per process; deleted ports, MIG instances or devices must not linger.
         transaction.on_commit(clear_cache)
+    if sum(c.created + c.removed for c in result.counts.values()) >= ANALYZE_AFTER_ROWS:
+        # A first import of a big cluster leaves the planner believing the tables are empty until
+        # autovacuum catches up, and the page queries that join them would pick nested loops over
+        # 16k rows in the meantime.
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {', '.join(_INVENTORY_TABLES)}")
     changes = [f"{kind} +{c.created} ~{c.updated} -{c.removed}"
                for kind, c in result.counts.items() if c.created or c.updated or c.removed]
     logger.info("topology import: %s", ", ".join(changes) or "no changes")

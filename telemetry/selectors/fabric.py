@@ -5,23 +5,27 @@ sources exist: the last two raw samples per port, or the newest 1-minute rollup 
 ``<field>_delta`` already has resets handled (`telemetry.rollups`). At ~20k ports the raw route
 reads every sample of the last minutes (10-s collection: ~12 rows per port, ~250k rows); the
 rollup route reads one row per port, found through the (entity, bucket) primary key. So rates
-here are ``delta / 60 s`` of the newest bucket that is *settled*: it ended at least
-`RATE_SETTLE` ago, so the 30-s rollup beat has recomputed it after its last sample. The price is
-freshness: a rate describes a minute that ended 45-105 s ago.
+here are ``delta / 60 s`` of one bucket, the newest that is *settled*: it ended at least
+`RATE_SETTLE` ago, so the 30-s rollup beat has recomputed it after its last sample. Every rate
+on a page then describes the same minute, so cells compare; the price is freshness (that minute
+ended 45-105 s ago), and an entity with no reading in that minute has no current rate.
 
 Every join below is one the planner can drive from an index (primary keys, the link's one-to-one
-ports, a LATERAL ``LIMIT 1`` per entity into the rollup), so a statement stays fast even when
-the planner's row estimates are wrong, as they are right after a bulk topology import.
+ports, the rollup's (entity, bucket) key), so a statement stays fast even when the planner's row
+estimates are wrong, as they are right after a bulk topology import.
 
 Everything returned is JSON-able: ISO 8601 strings for times, floats or None for values.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -32,19 +36,17 @@ from telemetry.rollups import floor_bucket
 MINUTE = timedelta(minutes=1)
 # A bucket's rate is read once the rollup beat (every 30 s) has run after the bucket ended.
 RATE_SETTLE = timedelta(seconds=45)
-# How many settled buckets to look back for an entity's newest one. Older than that, an entity
-# is not reporting (settings.STALE_AFTER is 3 min) and has no current rate.
-RATE_BUCKETS = 3
 
 # Edge states of the graph, worst first. Thresholds, and why:
 # - A link whose either end reports a state below Active (IB PortState 4) carries no traffic:
 #   Down (1), or stuck in Init/Armed, which is a subnet-manager problem. "down" when all the
 #   links of a switch pair are so; a pair that lost only some of its links is "errors".
 PORT_STATE_ACTIVE = 4
-# - Errors: one event a minute over the pair (symbol + receive errors + link downed + link error
-#   recovery, both ends). A single flap inside the rate's bucket already reaches it, while the
-#   odd FEC-corrected symbol error on a long optic does not.
-ERRORS_PER_S = 1 / 60
+# - Errors: any link event in the rate's minute (link downed or link error recovery, either end):
+#   a link that retrained or dropped stalled its traffic, which is never normal. Or symbol plus
+#   receive errors (both ends) at 10 a minute or more: the odd one on a long optical link is
+#   noise, a steady stream is a cable or transceiver going bad.
+LINE_ERRORS_PER_S = 10 / 60
 # - Congestion: PortXmitWait ticks/s on the lower switch's uplink. A tick is a hardware clock
 #   unit, so there is no universal line; a healthy uplink near line rate accrues a few 1e4
 #   ticks/s of ordinary credit round trips, and a port blocked for a real share of the time
@@ -53,7 +55,9 @@ CONGESTED_WAIT_PER_S = 2e5
 EDGE_STATES = ("down", "errors", "congested", "ok", "no data")
 
 METRICS: dict[str, str] = {"utilization": "%", "congestion": "ticks/s", "errors": "errors/s"}
-ERROR_COUNTERS = ("symbol_errors", "rcv_errors", "link_downed", "link_error_recovery")
+LINE_ERRORS = ("symbol_errors", "rcv_errors")
+LINK_EVENTS = ("link_downed", "link_error_recovery")
+ERROR_COUNTERS = (*LINE_ERRORS, *LINK_EVENTS)
 RATE_COUNTERS = ("xmit_data_bytes", "rcv_data_bytes", "xmit_wait", *ERROR_COUNTERS)
 WORST = 10
 
@@ -64,62 +68,80 @@ _TIER = "CASE {s}.role WHEN 'leaf' THEN 0 WHEN 'spine' THEN 1 ELSE 2 END"
 
 # --- rates "now", shared with the NVLink selector ---------------------------------------------
 
-def rate_buckets(now: datetime) -> tuple[datetime, datetime]:
-    """(oldest, newest) 1-minute bucket starts that may hold an entity's current rate."""
-    newest = floor_bucket(now - RATE_SETTLE, MINUTE) - MINUTE
-    return newest - (RATE_BUCKETS - 1) * MINUTE, newest
+def rate_bucket(now: datetime) -> datetime:
+    """Start of the 1-minute bucket that current rates are read from: the newest one that ended
+    at least `RATE_SETTLE` before `now`."""
+    return floor_bucket(now - RATE_SETTLE, MINUTE) - MINUTE
 
 
 def rate_join(kind: str, fields: tuple[str, ...], entity: str, alias: str) -> str:
-    """A LEFT JOIN LATERAL giving `alias`.<field> per second (and `alias`.bucket) from the newest
-    settled 1-minute bucket of the entity whose id is the SQL expression `entity`.
+    """A LEFT JOIN giving `alias`.<field> per second (and `alias`.bucket, NULL when the entity
+    has no reading) from the rate bucket of the entity whose id is the SQL expression `entity`.
 
-    Takes %(rate_from)s and %(rate_to)s (see `window_params`). Field names are checked against
-    the registry before they are put into SQL; `entity` and `alias` are the caller's constants.
+    Takes %(rate_bucket)s (see `window_params`). Field names are checked against the registry
+    before they are put into SQL; `entity` and `alias` are the caller's constants.
     """
     spec = KINDS[kind]
     bad = [f for f in fields if f not in spec.by_name or spec.by_name[f].kind != COUNTER]
     if bad:
         raise ValueError(f"not {kind} counters: {', '.join(bad)}")
+    ent = spec.entity_column
     cols = ", ".join(f"{f}_delta / {MINUTE.total_seconds()} AS {f}" for f in fields)
+    # LATERAL ... LIMIT 1 (at most one row anyway: the key is (entity, bucket)) keeps this a
+    # probe of that key per entity. As a plain join, a planner that expects few rows in the
+    # bucket would rescan all of them for every entity.
     return (
         f"LEFT JOIN LATERAL (SELECT bucket, {cols} FROM {spec.rollup_table('1m')}"
-        f" WHERE {spec.entity_column} = {entity} AND bucket BETWEEN %(rate_from)s AND %(rate_to)s"
-        f" ORDER BY bucket DESC LIMIT 1) {alias} ON true"
+        f" WHERE {ent} = {entity} AND bucket = %(rate_bucket)s LIMIT 1) {alias} ON true"
     )
+
+
+@contextmanager
+def cursor_without_jit() -> Iterator:
+    """A cursor whose statements are not JIT-compiled.
+
+    Statements that join ~16k entities to their rollup rows cross PostgreSQL's JIT cost
+    thresholds, and compiling them takes longer (~0.8 s) than running them; as in
+    `telemetry.rollups`, each is a fresh query, so the compiled code is never reused. Inside a
+    caller's transaction the setting lasts until that transaction ends.
+    """
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL jit = off")
+        yield cur
 
 
 def window_params(now: datetime) -> dict:
     """Bound parameters for `rate_join` and for freshness of the last-value tables."""
-    rate_from, rate_to = rate_buckets(now)
-    return {"rate_from": rate_from, "rate_to": rate_to, "fresh": now - settings.STALE_AFTER}
+    return {"rate_bucket": rate_bucket(now), "fresh": now - settings.STALE_AFTER}
 
 
-# --- switch-to-switch links with their current numbers ----------------------------------------
-
-def _error_sum(alias: str) -> str:
-    return " + ".join(f"coalesce({alias}.{c}, 0)" for c in ERROR_COUNTERS)
+def _both_ends(counters: tuple[str, ...]) -> str:
+    """Sum of `counters` over both ends of a link; NULL when neither end has a rate."""
+    terms = " + ".join(f"coalesce({end}.{c}, 0)" for end in ("rl", "rh") for c in counters)
+    return f"CASE WHEN rl.bucket IS NOT NULL OR rh.bucket IS NOT NULL THEN {terms} END"
 
 
 # 1. `sl`: every switch-to-switch link, its lower-tier end first (leaf below spine below core,
 #    switch id breaking ties), so a pair is always (lower, upper) and "up" means towards the top.
 # 2. `lm`: per link, traffic each way in bits/s (from the lower end, else mirrored from the upper
 #    end), speed (negotiated if reported, else configured; the slower end), XmitWait of the lower
-#    end's uplink, errors of both ends, and whether it is down.
+#    end's uplink, line errors and link events of both ends, and whether it is down.
 # 3. One row per switch pair.
+# The tier filter stays outside `sl` on purpose: inside, a planner that underestimates the
+# tables (fresh after an import) evaluates it on a switch × switch cross join first.
 _PAIRS_SQL = f"""
 WITH sl AS MATERIALIZED (
     SELECT CASE WHEN o.lo THEN pa.id ELSE pb.id END AS lo_port,
         CASE WHEN o.lo THEN pb.id ELSE pa.id END AS hi_port,
         CASE WHEN o.lo THEN sa.id ELSE sb.id END AS lo_switch,
         CASE WHEN o.lo THEN sb.id ELSE sa.id END AS hi_switch,
+        least(t.ta, t.tb) AS lo_tier, greatest(t.ta, t.tb) AS hi_tier,
         least(pa.speed_gbps, pb.speed_gbps) AS speed_gbps
     FROM {_LINK} l
     JOIN {_PORT} pa ON pa.id = l.a_id JOIN {_SWITCH} sa ON sa.id = pa.switch_id
     JOIN {_PORT} pb ON pb.id = l.b_id JOIN {_SWITCH} sb ON sb.id = pb.switch_id,
         LATERAL (SELECT {_TIER.format(s="sa")} AS ta, {_TIER.format(s="sb")} AS tb) t,
         LATERAL (SELECT (t.ta, sa.id) <= (t.tb, sb.id) AS lo) o
-    WHERE %(all_tiers)s OR least(t.ta, t.tb) = 0 AND greatest(t.ta, t.tb) = 1
 ),
 lm AS (
     SELECT sl.lo_switch, sl.hi_switch,
@@ -127,8 +149,8 @@ lm AS (
         coalesce(rl.rcv_data_bytes, rh.xmit_data_bytes) * 8 AS down_bps,
         coalesce(least(fl.link_speed_gbps, fh.link_speed_gbps), sl.speed_gbps) * 1e9 AS speed_bps,
         rl.xmit_wait AS wait,
-        CASE WHEN rl.bucket IS NOT NULL OR rh.bucket IS NOT NULL
-            THEN {_error_sum("rl")} + {_error_sum("rh")} END AS errors,
+        {_both_ends(LINE_ERRORS)} AS line_errors,
+        {_both_ends(LINK_EVENTS)} AS events,
         fl.link_state < {PORT_STATE_ACTIVE} OR fh.link_state < {PORT_STATE_ACTIVE} AS down,
         coalesce(rl.bucket, rh.bucket, fl.time, fh.time) IS NOT NULL AS reporting
     FROM sl
@@ -136,38 +158,26 @@ lm AS (
     {rate_join("port", RATE_COUNTERS, "sl.hi_port", "rh")}
     LEFT JOIN {_PORT_LATEST} fl ON fl.port_id = sl.lo_port AND fl.time >= %(fresh)s
     LEFT JOIN {_PORT_LATEST} fh ON fh.port_id = sl.hi_port AND fh.time >= %(fresh)s
+    WHERE %(all_tiers)s OR sl.lo_tier = 0 AND sl.hi_tier = 1
 )
 SELECT lo_switch, hi_switch, count(*), count(*) FILTER (WHERE reporting), count(*) FILTER (WHERE down),
-    sum(up_bps), sum(down_bps),
-    sum(speed_bps) FILTER (WHERE up_bps IS NOT NULL OR down_bps IS NOT NULL),
-    sum(wait), max(wait), sum(errors)
+    100 * greatest(sum(up_bps), sum(down_bps))
+        / NULLIF(sum(speed_bps) FILTER (WHERE up_bps IS NOT NULL OR down_bps IS NOT NULL), 0),
+    sum(wait), max(wait), sum(line_errors) + sum(events), sum(line_errors), sum(events)
 FROM lm
 GROUP BY lo_switch, hi_switch
 """
 
-_PAIR_KEYS = ("lo", "hi", "links", "reporting", "down", "up_bps", "down_bps", "speed_bps",
-              "wait", "wait_max", "errors")
+# `util_pct` is the busier direction over the bundle's capacity: a link full one way is full,
+# and an average of both ways would call it half used.
+_PAIR_KEYS = ("lo", "hi", "links", "reporting", "down", "util_pct", "wait", "wait_max", "errors", "line_errors",
+              "events")
 
 
 def _pairs(now: datetime, *, leaf_spine_only: bool) -> list[dict]:
-    with connection.cursor() as cur:
+    with cursor_without_jit() as cur:
         cur.execute(_PAIRS_SQL, {**window_params(now), "all_tiers": not leaf_spine_only})
-        rows = cur.fetchall()
-    out = []
-    for row in rows:
-        pair = dict(zip(_PAIR_KEYS, row, strict=True))
-        pair["util_pct"] = _util_pct(pair["up_bps"], pair["down_bps"], pair["speed_bps"])
-        out.append(pair)
-    return out
-
-
-def _util_pct(up_bps, down_bps, speed_bps) -> float | None:
-    """The busier direction over the bundle's capacity: a link full one way is full, and an
-    average of both ways would call it half used."""
-    busiest = max((v for v in (up_bps, down_bps) if v is not None), default=None)
-    if busiest is None or not speed_bps:
-        return None
-    return 100.0 * float(busiest) / float(speed_bps)
+        return [dict(zip(_PAIR_KEYS, row, strict=True)) for row in cur.fetchall()]
 
 
 # 1. Every switch with its rack; its rail is the most common rail among its own ports and, for
@@ -186,15 +196,19 @@ GROUP BY s.id, r.name
 """
 
 
-def _switches(pairs: list[dict]) -> dict[int, dict]:
-    """Switch id → {id, name, role, rack, rail, nodes}; upper tiers without a rail of their own
-    take the one rail of the switches below them, if they all share one."""
+def _switches() -> dict[int, dict]:
+    """Switch id → {id, name, role, rack, rail, nodes}."""
     with connection.cursor() as cur:
         cur.execute(_SWITCHES_SQL)
-        switches = {
+        return {
             sid: {"id": sid, "name": name, "role": role, "rack": rack, "rail": rail, "nodes": nodes}
             for sid, name, role, rack, rail, nodes in cur.fetchall()
         }
+
+
+def _inherit_rails(switches: dict[int, dict], pairs: list[dict]) -> None:
+    """Spines, then cores, without a rail of their own take the one rail of the switches below
+    them, if those all share one (a rail-optimised plane)."""
     for role in ("spine", "core"):
         below: dict[int, set] = {}
         for p in pairs:
@@ -203,7 +217,16 @@ def _switches(pairs: list[dict]) -> dict[int, dict]:
         for sid, rails in below.items():
             if switches[sid]["rail"] is None and len(rails) == 1:
                 switches[sid]["rail"] = rails.pop()
-    return switches
+
+
+def _fabric(now: datetime, *, leaf_spine_only: bool) -> tuple[list[dict], dict[int, dict]]:
+    """Switch pairs with their numbers, and the switches. Each statement reads its own snapshot,
+    so a pair naming a switch an import added in between is left for the next call."""
+    pairs = _pairs(now, leaf_spine_only=leaf_spine_only)
+    switches = _switches()
+    pairs = [p for p in pairs if p["lo"] in switches and p["hi"] in switches]
+    _inherit_rails(switches, pairs)
+    return pairs, switches
 
 
 def _order(switches: list[dict]) -> list[dict]:
@@ -237,29 +260,28 @@ def fabric_matrix(metric: str, *, now: datetime | None = None) -> dict:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; expected one of {sorted(METRICS)}")
     now = now or timezone.now()
-    pairs = _pairs(now, leaf_spine_only=True)
-    switches = _switches(pairs)
+    pairs, switches = _fabric(now, leaf_spine_only=True)
     leaves = _order([s for s in switches.values() if s["role"] == "leaf"])
     spines = _order([s for s in switches.values() if s["role"] == "spine"])
     row = {s["id"]: i for i, s in enumerate(leaves)}
     col = {s["id"]: j for j, s in enumerate(spines)}
     z = [[None] * len(spines) for _ in leaves]
     links = [[0] * len(spines) for _ in leaves]
-    worst = []
+    key = {"utilization": "util_pct", "congestion": "wait", "errors": "errors"}[metric]
+    ranked = []
     for p in pairs:
         i, j = row[p["lo"]], col[p["hi"]]
-        value = _float(p[{"utilization": "util_pct", "congestion": "wait", "errors": "errors"}[metric]])
-        z[i][j], links[i][j] = value, p["links"]
-        if value is not None:
-            worst.append({"leaf": leaves[i]["name"], "spine": spines[j]["name"], "rail": leaves[i]["rail"],
-                          "value": value, "links": p["links"]})
-    worst.sort(key=lambda w: (-w["value"], w["leaf"], w["spine"]))
+        z[i][j], links[i][j] = _float(p[key]), p["links"]
+        if z[i][j] is not None:
+            ranked.append((-z[i][j], i, j))
+    worst = [{"leaf": leaves[i]["name"], "spine": spines[j]["name"], "rail": leaves[i]["rail"], "value": -v,
+              "links": links[i][j]} for v, i, j in heapq.nsmallest(WORST, ranked)]
     return {
         "metric": metric, "unit": METRICS[metric], "generated_at": _iso(now),
-        "rate_bucket": _iso(rate_buckets(now)[1]),
+        "rate_bucket": _iso(rate_bucket(now)),
         "leaves": [s["name"] for s in leaves], "spines": [s["name"] for s in spines],
         "leaf_rails": [s["rail"] for s in leaves], "spine_rails": [s["rail"] for s in spines],
-        "z": z, "links": links, "worst": worst[:WORST],
+        "z": z, "links": links, "worst": worst,
     }
 
 
@@ -270,7 +292,7 @@ def _edge_state(p: dict) -> str:
         return "no data"
     if p["down"] == p["links"]:
         return "down"
-    if p["down"] or (p["errors"] is not None and p["errors"] >= ERRORS_PER_S):
+    if p["down"] or (p["events"] or 0) > 0 or (p["line_errors"] or 0) >= LINE_ERRORS_PER_S:
         return "errors"
     if p["wait_max"] is not None and p["wait_max"] >= CONGESTED_WAIT_PER_S:
         return "congested"
@@ -288,8 +310,7 @@ def fabric_graph(*, now: datetime | None = None) -> list[dict]:
     "no data" where no port of the pair has a current reading.
     """
     now = now or timezone.now()
-    pairs = _pairs(now, leaf_spine_only=False)
-    switches = _switches(pairs)
+    pairs, switches = _fabric(now, leaf_spine_only=False)
     nodes = [
         {"data": {"id": f"sw{s['id']}", "label": s["name"], "role": s["role"], "rail": s["rail"],
                   "rack": s["rack"], "nodes": s["nodes"]}}
@@ -297,7 +318,7 @@ def fabric_graph(*, now: datetime | None = None) -> list[dict]:
     ]
     edges = [
         {"data": {"id": f"sw{p['lo']}-sw{p['hi']}", "source": f"sw{p['lo']}", "target": f"sw{p['hi']}",
-                  "state": _edge_state(p), "util_pct": p["util_pct"], "links": p["links"],
+                  "state": _edge_state(p), "util_pct": _float(p["util_pct"]), "links": p["links"],
                   "links_down": p["down"], "errors_per_s": _float(p["errors"]),
                   "xmit_wait_per_s": _float(p["wait"])}}
         for p in sorted(pairs, key=lambda p: (p["lo"], p["hi"]))

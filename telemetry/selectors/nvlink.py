@@ -1,9 +1,10 @@
 """Read-side queries for the NVLink page: every NVLink domain, its GPUs and their link health.
 
 Two statements whatever the cluster size: the domains (a few thousand rows at most), and one
-pass over the GPU inventory joined to each GPU's newest settled 1-minute rollup bucket (error
-and bandwidth counter rates, resets handled; see `telemetry.selectors.fabric` for why rates
-"now" come from there) and its fresh last-value row (the NVLink throughput gauges).
+pass over the GPU inventory joined to each GPU's row in the settled 1-minute rollup bucket that
+every rate on the page shares (error and bandwidth counter rates, resets handled; see
+`telemetry.selectors.fabric` for why rates "now" come from there) and to its fresh last-value
+row (the NVLink throughput gauges).
 
 A GPU whose node belongs to no domain is listed under an *implicit* domain named after its
 node, of kind "node": an HGX/DGX baseboard's NVSwitches join exactly its own GPUs, so that is
@@ -14,22 +15,22 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from django.db import connection
 from django.utils import timezone
 
 from telemetry.fields import KINDS
 from telemetry.models import Gpu, Node, NvlinkDomain, Rack
-from telemetry.selectors.fabric import rate_join, window_params
+from telemetry.selectors.fabric import cursor_without_jit, rate_join, window_params
 
 ERROR_COUNTERS = (
     "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors",
 )
 RATE_COUNTERS = (*ERROR_COUNTERS, "nvlink_bandwidth")
 GAUGES = ("nvlink_tx_bps", "nvlink_rx_bps")
-# A GPU (and its domain) is in "errors" at one NVLink error a minute, all four kinds summed: a
-# single recovery inside the rate's bucket reaches it, while the odd flit CRC error that the
-# link's retry absorbs on a healthy link does not.
-ERRORS_PER_S = 1 / 60
+# A GPU (and its domain) is in "errors" when, in the rate's minute, one of its links went through
+# recovery (it retrained, stalling traffic: never normal), or its CRC and replay errors reached
+# 10 a minute: links retry a corrupted flit on their own, so the odd one is noise, while a
+# steady stream means a link that is degrading.
+CRC_REPLAY_PER_S = 10 / 60
 DOMAIN_STATES = ("errors", "ok", "no data")
 
 _SPEC = KINDS["gpu"]
@@ -63,10 +64,13 @@ def _gpu(row: tuple) -> tuple[int | None, dict]:
                                                                    strict=True)})
     errors = [gpu[c] for c in ERROR_COUNTERS if gpu[c] is not None]
     gpu["errors_per_s"] = sum(errors) if errors else None
+    crc_replay = sum(gpu[c] or 0 for c in ERROR_COUNTERS if c != "nvlink_recovery_errors")
     if all(gpu[k] is None for k in (*RATE_COUNTERS, *GAUGES)):
         gpu["state"] = "no data"
+    elif (gpu["nvlink_recovery_errors"] or 0) > 0 or crc_replay >= CRC_REPLAY_PER_S:
+        gpu["state"] = "errors"
     else:
-        gpu["state"] = "errors" if (gpu["errors_per_s"] or 0) >= ERRORS_PER_S else "ok"
+        gpu["state"] = "ok"
     return domain_id, gpu
 
 
@@ -98,7 +102,7 @@ def nvlink_domains(now: datetime | None = None) -> dict:
     errors_per_s, state}]}]}``. Declared domains come first by name, then implicit ones by host.
     """
     now = now or timezone.now()
-    with connection.cursor() as cur:
+    with cursor_without_jit() as cur:
         cur.execute(_DOMAINS_SQL)
         declared = cur.fetchall()
         cur.execute(_GPUS_SQL, window_params(now))

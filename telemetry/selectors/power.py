@@ -27,9 +27,12 @@ from django.utils import timezone
 from telemetry.fields import KINDS
 from telemetry.models import Gpu, Hall, Node, PowerDevice, Rack, Row, Site
 from telemetry.rollups import INTERVALS, floor_bucket
+from telemetry.selectors.fabric import cursor_without_jit
 
-# Same span rule as `telemetry.series`; PUE has no raw resolution, it is read from rollups only.
-ONE_MINUTE_MAX_SPAN = timedelta(days=7)
+# PUE is read from rollups only, chosen by span like `telemetry.series`, but switching to 1 h
+# sooner: every point sums ~550 devices (PDUs and loops at 16k GPUs), so a week of 1-minute
+# buckets is 5.5M rows where a week of hours is 90k and still draws a 168-point trend.
+ONE_MINUTE_MAX_SPAN = timedelta(days=1)
 
 _DEVICE, _FEEDS = PowerDevice._meta.db_table, PowerDevice.racks.through._meta.db_table
 _POWER = KINDS["power"]
@@ -210,47 +213,56 @@ def power_overview(now: datetime | None = None) -> dict:
 
 # --- PUE over time ----------------------------------------------------------------------------
 
-# 1. `fac`: devices reporting facility power in the range.
-# 2. `cover`: the PDUs whose watts are each device's IT power, weighted by the share of the
-#    PDU's racks the device covers (all PDUs when it is linked to no rack).
-# 3. `b`: per device and point, facility and PDU watts, the average of the rollup averages
-#    weighted by their sample counts (as `telemetry.series` reads gauges).
-# 4. `per_fac`: per point and device, facility watts and IT watts, and whether every PDU it
-#    covers reported in that point. An incomplete point is left out rather than read high.
-# 5. One row per point of the grid, NULL where no device was complete.
-_PUE_SQL = """
+# Who counts for PUE over time: every cooling loop and every device whose last-value row holds
+# facility power (reading the whole range just to find them would cost a scan of it), and per
+# such device the PDUs whose watts are its IT power, weighted by the share of the PDU's racks it
+# covers (all PDUs when it is linked to no rack).
+_COVER_SQL = f"""
 WITH fac AS (
-    SELECT DISTINCT device_id FROM {table}
-    WHERE bucket >= %(first)s AND bucket < %(end)s AND facility_watts_avg IS NOT NULL
+    SELECT d.id FROM {_DEVICE} d LEFT JOIN {_POWER.latest_table} l ON l.device_id = d.id
+    WHERE d.kind = '{_LOOP}' OR l.facility_watts IS NOT NULL
 ),
 pdu_racks AS (
     SELECT f.powerdevice_id AS pdu, f.rack_id, count(*) OVER (PARTITION BY f.powerdevice_id) AS n
-    FROM {feeds} f JOIN {device} d ON d.id = f.powerdevice_id AND d.kind = '{pdu}'
+    FROM {_FEEDS} f JOIN {_DEVICE} d ON d.id = f.powerdevice_id AND d.kind = '{_PDU}'
+)
+SELECT fac.id, pr.pdu, sum(1.0 / pr.n)::float8
+FROM fac LEFT JOIN {_FEEDS} fr ON fr.powerdevice_id = fac.id
+JOIN pdu_racks pr ON fr.rack_id IS NULL OR pr.rack_id = fr.rack_id
+GROUP BY fac.id, pr.pdu
+"""
+
+# 1. `c`: (device, member, weight, PDUs it needs) from `_COVER_SQL`, the device itself as a
+#    member with a NULL weight. Passed as arrays, and joined LATERAL (OFFSET 0 keeps it from being
+#    flattened), so the rollup is read by one (device, bucket) key range per member, whatever
+#    the planner estimates.
+# 2. `nb`: per rollup bucket and device, its facility watts, its IT watts (weighted PDU watts)
+#    and how many of its PDUs reported. Grouping by bucket first keeps the groups few (devices ×
+#    buckets, not PDUs × buckets).
+# 3. `pue`: per point, facility over IT power summed over the complete (device, bucket) pairs in
+#    it: an energy-weighted PUE. A pair missing a PDU is left out rather than read high.
+# 4. One row per point of the grid, NULL where nothing was complete.
+_PUE_SQL = """
+WITH c AS (
+    SELECT * FROM unnest(%(fac)s::int[], %(member)s::int[], %(weight)s::float8[], %(needs)s::int[])
+        AS c(fac, member, weight, needs)
 ),
-cover AS (
-    SELECT fac.device_id AS fac, pr.pdu, sum(1.0 / pr.n) AS weight
-    FROM fac LEFT JOIN {feeds} fr ON fr.powerdevice_id = fac.device_id
-    JOIN pdu_racks pr ON fr.rack_id IS NULL OR pr.rack_id = fr.rack_id
-    GROUP BY fac.device_id, pr.pdu
+nb AS (
+    SELECT r.bucket, c.fac, max(c.needs) AS needs,
+        sum(r.facility_watts_avg) FILTER (WHERE c.weight IS NULL) AS fw,
+        sum(c.weight * r.watts_avg) FILTER (WHERE c.weight IS NOT NULL) AS it,
+        count(r.watts_avg) FILTER (WHERE c.weight IS NOT NULL) AS pdus
+    FROM c CROSS JOIN LATERAL (
+        SELECT bucket, facility_watts_avg, watts_avg FROM {table}
+        WHERE device_id = c.member AND bucket >= %(first)s AND bucket < %(end)s OFFSET 0
+    ) r
+    GROUP BY r.bucket, c.fac
 ),
-b AS (
-    SELECT device_id, time_bucket(%(width)s, bucket) AS t,
-        sum(facility_watts_avg * samples)
-            / NULLIF(sum(samples) FILTER (WHERE facility_watts_avg IS NOT NULL), 0) AS fw,
-        sum(watts_avg * samples) / NULLIF(sum(samples) FILTER (WHERE watts_avg IS NOT NULL), 0) AS w
-    FROM {table}
-    WHERE bucket >= %(first)s AND bucket < %(end)s
-        AND device_id IN (SELECT fac FROM cover UNION SELECT pdu FROM cover)
-    GROUP BY device_id, t
-),
-per_fac AS (
-    SELECT f.t, f.fw, sum(c.weight * p.w) AS it, count(p.w) = count(*) AS complete
-    FROM b f JOIN cover c ON c.fac = f.device_id
-    LEFT JOIN b p ON p.device_id = c.pdu AND p.t = f.t
-    WHERE f.fw IS NOT NULL
-    GROUP BY f.t, f.device_id, f.fw
-),
-pue AS (SELECT t, sum(fw) / NULLIF(sum(it), 0) AS v FROM per_fac WHERE complete GROUP BY t)
+pue AS (
+    SELECT time_bucket(%(width)s, bucket) AS t, sum(fw) / NULLIF(sum(it), 0) AS v
+    FROM nb WHERE fw IS NOT NULL AND pdus = needs
+    GROUP BY 1
+)
 SELECT g.t, pue.v
 FROM generate_series(time_bucket(%(width)s, %(first)s::timestamptz), %(end)s::timestamptz, %(width)s) AS g(t)
 LEFT JOIN pue ON pue.t = g.t
@@ -259,28 +271,45 @@ ORDER BY g.t
 """
 
 
-def pue_series(start: datetime, end: datetime, *, max_points: int = 2000) -> dict:
-    """PUE over [start, end) from the power rollups, one point per step, None where no data.
+def _cover(cur) -> dict[str, list]:
+    """Array parameters of `_PUE_SQL`: each facility device and the PDUs it covers."""
+    cur.execute(_COVER_SQL)
+    cover: dict[int, list[tuple[int, float]]] = {}
+    for fac, pdu, weight in cur.fetchall():
+        cover.setdefault(fac, []).append((pdu, weight))
+    rows = [(fac, fac, None, len(pdus)) for fac, pdus in cover.items()]
+    rows += [(fac, pdu, weight, len(pdus)) for fac, pdus in cover.items() for pdu, weight in pdus]
+    keys = ("fac", "member", "weight", "needs")
+    return {k: [r[i] for r in rows] for i, k in enumerate(keys)}
 
-    The 1-minute rollup up to 7 days, the 1-hour rollup beyond; buckets are widened at read time
-    to the smallest multiple that keeps under `max_points`. IT power here is PDU power only (the
-    GPU fallback would read 16k GPU rows per point). Returns ``{"resolution", "step_s",
-    "unit": "ratio", "x": [ISO time], "y": [float | None]}``. Raises ValueError for a naive or
-    empty range.
-    """
+
+def _check_range(start: datetime, end: datetime, max_points: int) -> None:
     if start.tzinfo is None or end.tzinfo is None:
         raise ValueError("start and end must be timezone-aware (UTC)")
     if start >= end:
         raise ValueError(f"empty range: start {start.isoformat()} is not before end {end.isoformat()}")
     if max_points < 2:
         raise ValueError(f"max_points must be at least 2, got {max_points}")
+
+
+def pue_series(start: datetime, end: datetime, *, max_points: int = 2000) -> dict:
+    """PUE over [start, end) from the power rollups, one point per step, None where no data.
+
+    The 1-minute rollup up to `ONE_MINUTE_MAX_SPAN`, the 1-hour rollup beyond; buckets are
+    widened at read time to the smallest multiple that keeps under `max_points`, and a widened
+    point is facility over IT energy across its complete buckets. IT power here
+    is PDU power only (the GPU fallback would read 16k GPU rows per point). Returns
+    ``{"resolution", "step_s", "unit": "ratio", "x": [ISO time], "y": [float | None]}``.
+    Raises ValueError for a naive or empty range.
+    """
+    _check_range(start, end, max_points)
     res = "1m" if end - start <= ONE_MINUTE_MAX_SPAN else "1h"
     native = INTERVALS[res]
     first = floor_bucket(start, native)
     width = native * max(1, math.ceil((end - first) / (native * (max_points - 1))))
-    sql = _PUE_SQL.format(table=_POWER.rollup_table(res), feeds=_FEEDS, device=_DEVICE, pdu=_PDU)
-    with connection.cursor() as cur:
-        cur.execute(sql, {"first": first, "end": end, "width": width})
+    with cursor_without_jit() as cur:
+        params = {**_cover(cur), "first": first, "end": end, "width": width}
+        cur.execute(_PUE_SQL.format(table=_POWER.rollup_table(res)), params)
         rows = cur.fetchall()
     return {
         "resolution": res, "step_s": width.total_seconds(), "unit": "ratio",
