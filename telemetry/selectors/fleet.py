@@ -134,6 +134,10 @@ def fleet_summary(now: datetime | None = None) -> dict:
         ingest = _ingest_rate(cursor, now)
         newest = _newest_sample(cursor, now)
         faults = _open_faults(cursor)
+    from telemetry.selectors.power import power_overview  # power imports this module
+
+    facility = power_overview(now)
+    fleet["power"]["pue"] = facility["pue"]
     return {
         "generated_at": _iso(now),
         "stale_after_s": settings.STALE_AFTER.total_seconds(),

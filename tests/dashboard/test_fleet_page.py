@@ -179,7 +179,7 @@ def test_empty_fleet_reports_nothing_rather_than_zeroes():
     assert summary["utilization"] == {
         "reporting": 0, "total": 0, "gpu_util_pct": None, "busy_pct": None,
     }
-    assert summary["power"] == {"draw_kw": None, "cap_kw": None, "used_pct": None}
+    assert summary["power"] == {"draw_kw": None, "cap_kw": None, "used_pct": None, "pue": None}
     assert summary["newest_sample"] == {"time": None, "age_s": None}
 
 

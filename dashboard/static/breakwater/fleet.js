@@ -28,6 +28,7 @@
   var FORMATS = {
     int: function (v) { return group(Math.round(v), 0); },
     dec1: function (v) { return group(v, 1); },
+    dec2: function (v) { return group(v, 2); },
     pct: function (v) { return v.toFixed(1) + "%"; },
     kw: function (v) { return group(v, 1) + " kW"; },
     time: function (v) { return v.slice(0, 10) + " " + v.slice(11, 19) + " UTC"; },
