@@ -1,10 +1,18 @@
-"""STUB: being built."""
+"""The facility pages: NVLink domains and power and cooling; their Dash apps load their own data."""
 
-from django.http import HttpResponse
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
 
 
-def _stub(request, *args, **kwargs):
-    return HttpResponse("not built yet", status=501)
+@login_required
+def nvlink(request):
+    """GPUs grouped by NVLink domain, coloured by error rate or bandwidth (Dash app `nvlink`)."""
+    return render(request, "nvlink.html")
 
 
-nvlink = power = _stub
+@login_required
+def power(request):
+    """Rack power against cap, row and hall totals, cooling loops and PUE (Dash app `power`)."""
+    return render(request, "power.html")

@@ -16,9 +16,9 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from telemetry.selectors import fleet as selectors
 from telemetry.fields import KINDS
 from telemetry.models import Gpu, Hall, IngestBatch, Node, NodeState, Rack, Row, Site
+from telemetry.selectors import fleet as selectors
 from telemetry.selectors import fleet_summary
 from tests.conftest import FIXED_NOW
 

@@ -102,8 +102,8 @@ def test_values_per_metric(floor):
     write_latest(a, time=FIXED_NOW, gpu_util=87.5, fb_used=40960, throttle_reasons=0x04 | 0x40)
     write_latest(b, time=FIXED_NOW, gpu_util=12.0, throttle_reasons=0x01)  # idle is not a throttle
     # c never reported: it has no value for any metric (the page draws it grey).
-    insert_rollup("gpu", "1m", [(a.id, FIXED_NOW - timedelta(minutes=m), {"ecc_sbe_vol_delta": 2.0})
-                                for m in range(3)] + [(a.id, FIXED_NOW - timedelta(hours=2), {"ecc_sbe_vol_delta": 50.0})])
+    recent = [(a.id, FIXED_NOW - timedelta(minutes=m), {"ecc_sbe_vol_delta": 2.0}) for m in range(3)]
+    insert_rollup("gpu", "1m", [*recent, (a.id, FIXED_NOW - timedelta(hours=2), {"ecc_sbe_vol_delta": 50.0})])
     GpuEvent.objects.create(gpu=b, kind="xid", code=79, first_seen=FIXED_NOW, last_seen=FIXED_NOW, count=3,
                             source="kmsg")
 

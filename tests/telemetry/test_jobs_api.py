@@ -91,7 +91,8 @@ def test_resending_a_snapshot_changes_nothing(post):
     assert post(doc).status_code == 200
     before = _db()
     resp = post(doc)
-    assert resp.status_code == 200 and resp.json() == {"jobs": 2, "created": 0, "allocations": 0, "closed": 0, "vanished": 0}
+    assert resp.status_code == 200
+    assert resp.json() == {"jobs": 2, "created": 0, "allocations": 0, "closed": 0, "vanished": 0}
     assert _db() == before
 
 
