@@ -4,7 +4,7 @@ The page sends {"subscribe": metric} after each (re)connect and when the operato
 metric. The first message after that carries every cell and edge ("full": true); on each
 telemetry tick after that only those whose value changed, in columns:
 
-    {"type": "fabric", "metric": "congestion", "full": false, "seq": 7, "generated_at": "...",
+    {"type": "fabric", "metric": "congestion", "full": false, "seq": 7,
      "cells": {"leaf": [...], "spine": [...], "value": [...]},
      "edges": {"id": [...], "state": [...], "util_pct": [...], "links": [...], "links_down": [...],
                "errors_per_s": [...], "xmit_wait_per_s": [...]},
@@ -27,6 +27,7 @@ import asyncio
 import time
 
 from channels.db import database_sync_to_async
+from django.db import connection, transaction
 
 from dashboard.consumers.base import LiveConsumer
 from telemetry.selectors.fabric import METRICS, fabric_graph
@@ -38,10 +39,21 @@ _ROUNDED = frozenset({"util_pct", "errors_per_s", "xmit_wait_per_s"})
 # Cells and edges per message. Daphne refuses websocket messages over 1 MiB; a full message at
 # 16k GPUs (16,384 of each) is ~1.4 MB, and 4,000 of each stay under ~0.6 MB whatever the names.
 PART_SIZE = 4000
+# The read normally takes 0.7-2.5 s at 16k GPUs; once, under a heavy ingest and rollup burst, one
+# ran for over 15 minutes. Past this it is cancelled (and logged); the next tick reads again.
+READ_TIMEOUT_MS = 20_000
+
+
+def read_graph() -> list[dict]:
+    """`fabric_graph()` under a statement timeout, so a read gone wrong cannot hold the
+    process's database thread and every open page's updates behind it."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(f"SET LOCAL statement_timeout = {READ_TIMEOUT_MS}")
+        return fabric_graph()
 
 
 class SharedGraph:
-    """One `fabric_graph()` read at a time per process, shared by every page that needs it.
+    """One `read_graph()` at a time per process, shared by every page that needs it.
 
     1. A page that learned of a change at monotonic time `since` needs a read that started at or
        after `since`; any such read, finished or still running, serves it.
@@ -58,7 +70,7 @@ class SharedGraph:
         stale = read is None or self._started < since or read.get_loop() is not asyncio.get_running_loop()
         if stale or (read.done() and (read.cancelled() or read.exception() is not None)):
             self._started = time.monotonic()
-            read = self._read = asyncio.ensure_future(database_sync_to_async(fabric_graph)())
+            read = self._read = asyncio.ensure_future(database_sync_to_async(read_graph)())
         return await asyncio.shield(read)
 
 

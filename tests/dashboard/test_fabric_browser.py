@@ -144,3 +144,18 @@ def test_fabric_shows_a_congested_uplink_in_matrix_and_graph_and_follows_ingest(
     assert page.evaluate("BW.fabricStats.applied") > applied
     assert page.evaluate("BW.fabricStats.lastEdges") == 1 and page.evaluate("BW.fabricStats.lastCells") == 0
     assert _edge(page, "spine-1", "core-1")["lineStyle"] == "dashed"
+
+
+def test_empty_fabric_page_says_so_without_errors(asgi_server, browser_page):
+    get_user_model().objects.create_superuser("op", "op@example.com", PASSWORD)
+    page = browser_page
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    _login(page, asgi_server, "/fabric/")
+    page.wait_for_function("window.BW && BW.fabricStats && BW.fabricStats.graphRenderedAt !== null"
+                           " && BW.fabricStats.matrixRenderedAt !== null", timeout=20_000)
+    page.wait_for_selector("#fabric-matrix text:has-text('No leaf or spine switches yet')", timeout=5_000)
+    assert "No links yet" in page.text_content("#fabric-worst")
+    assert "No switches yet" in page.text_content("#fabric-switch")
+    page.wait_for_function("BW.fabricStats.applied > 0", timeout=10_000)  # the (empty) full message
+    assert errors == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db import OperationalError, connection
 from django.urls import reverse
 
 from dashboard.asgi import application
@@ -380,3 +382,17 @@ def test_a_large_change_goes_out_in_parts_under_the_message_limit():
     assert [p["removed"] for p in out] == [[], [], [], [], ["sw1-sw2"]]
     assert max(len(json.dumps(p)) for p in out) < 1_000_000
     assert consumer.parts(consumer.change({}, {}, {}, {}, full=True))[0]["parts"] == 1
+
+
+@pytest.mark.django_db
+def test_a_live_read_that_runs_too_long_is_cancelled(monkeypatch):
+    def stuck():
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_sleep(5)")
+
+    monkeypatch.setattr(consumer, "fabric_graph", stuck)
+    monkeypatch.setattr(consumer, "READ_TIMEOUT_MS", 100)
+    started = time.monotonic()
+    with pytest.raises(OperationalError, match="statement timeout"):
+        consumer.read_graph()
+    assert time.monotonic() - started < 2

@@ -42,7 +42,7 @@ class Visitor:
         response = self.page.goto(f"{self.server.url}{path}")
         assert response.status == 200, (path, response.status)
         self.page.wait_for_function(SETTLED, timeout=15_000)
-        self.page.wait_for_timeout(300)  # a clientside callback's exception surfaces just after
+        self.page.wait_for_timeout(800)  # clientside figures draw, and their exceptions surface, just after
 
 
 def test_every_page_works_on_an_empty_cluster(asgi_server, browser_page):
