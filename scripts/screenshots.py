@@ -46,13 +46,14 @@ def main() -> None:
         for name, path in pages.items():
             shoot(page, args, name, path)
         job = args.job or page.evaluate(
-            "Array.from(document.querySelectorAll('a[href^=\"/jobs/\"]')).map(a => a.getAttribute('href'))[0]")
+            "Array.from(document.querySelectorAll('a')).map(a => a.getAttribute('href'))"
+            ".filter(h => h && /^\\/jobs\\/[^/]+\\/$/.test(h))[0]")
         if job:
-            shoot(page, args, "job", job if job.startswith("/") else f"/jobs/{job}/", full=True)
+            shoot(page, args, "job", job if job.startswith("/") else f"/jobs/{job}/")
         page.goto(f"{args.server}/racks/")
         page.wait_for_function("window.BW && BW.heatmapStats && BW.heatmapStats.renderedAt !== null", timeout=30_000)
         uuid = args.gpu or page.evaluate("BW.heatmapState().payload.grid.gpus.uuid[0]")
-        shoot(page, args, "gpu", f"/gpus/{uuid}/", full=True)
+        shoot(page, args, "gpu", f"/gpus/{uuid}/")
         browser.close()
 
 
@@ -61,7 +62,7 @@ def shoot(page, args, name: str, path: str, *, full: bool = False) -> None:
     page.wait_for_function(SETTLED, timeout=30_000)
     time.sleep(1.5)  # the first live push lands
     target = args.out / f"{name}.png"
-    page.screenshot(path=str(target), full_page=full)
+    page.screenshot(path=str(target), full_page=full, timeout=120_000)
     print(f"{name}: {path} -> {target.relative_to(REPO)}", flush=True)
 
 

@@ -130,7 +130,11 @@
       pos.set(g.id[i], [y, x, i]);
     }
     st.z = z; st.cd = cd; st.pos = pos;
-    var rowPx = Math.max(4, Math.min(14, 900 / Math.max(H, 1)));
+    // Size the plot from the width it gets: a cell is twice as wide as tall (scaleanchor below),
+    // so a height taken from anything else leaves bands of white above and below the racks.
+    var outer = document.getElementById("heatmap");
+    var width = Math.max(320, (outer && outer.clientWidth ? outer.clientWidth : 1200) - 16);
+    var rowPx = Math.max(3, Math.min(14, width / Math.max(W, 1) / 2));
     var trace = Object.assign({
       type: "heatmap", z: z, customdata: cd, text: text, hoverongaps: false,
       hovertemplate: "%{text}%{customdata}<extra></extra>"
