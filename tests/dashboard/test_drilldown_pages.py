@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from channels.testing import WebsocketCommunicator
-from django.conf import settings
 
-from dashboard.asgi import application
 from dashboard.consumers.inventory import Subscription, changes
 from dashboard.dash_apps.inventory import entity_series, node_series, time_str
 from telemetry.models import Allocation, Gpu, GpuEvent, Job, JobState, Node, Port
 from telemetry.series import series
 from telemetry.topology import do_import_topology, load_topology_file
 from tests.conftest import FIXED_NOW
+from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 from tests.dashboard.test_fleet_page import write_latest
 from tests.telemetry.factories import insert_rollup, insert_samples, insert_series
 
@@ -72,11 +70,7 @@ def test_pages_need_a_login(client, cluster, path):
 @pytest.mark.django_db
 @pytest.mark.parametrize("app", APPS)
 def test_dash_endpoints_need_a_login(client, django_user_model, app):
-    layout = client.get(f"/django_plotly_dash/app/{app}/_dash-layout", HTTP_ACCEPT="application/json")
-    assert layout.status_code == 401 and layout.json()["error"]["code"] == "not_authenticated"
-    update = client.post(f"/django_plotly_dash/app/{app}/_dash-update-component", data="{}",
-                         content_type="application/json")
-    assert update.status_code == 401
+    assert_dash_app_refuses_anonymous(client, app)
     client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345"))
     assert client.get(f"/django_plotly_dash/app/{app}/_dash-layout").status_code == 200
 
@@ -279,18 +273,8 @@ def test_callbacks_never_fail_on_missing_data_or_bad_input(cluster):
 
 # --- the live series consumer ------------------------------------------------------------------
 
-@pytest.fixture
-def session_cookie(client, django_user_model) -> bytes:
-    client.force_login(django_user_model.objects.create_user("live-op", password="pw-operator-1"))
-    name = settings.SESSION_COOKIE_NAME
-    return f"{name}={client.cookies[name].value}".encode()
-
-
-def _communicator(cookie: bytes | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, "/ws/series/", headers=headers)
+def _communicator(cookie: bytes | None = None):
+    return ws_communicator("/ws/series/", cookie)
 
 
 @pytest.mark.django_db(transaction=True)

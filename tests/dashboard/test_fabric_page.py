@@ -9,12 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.testing import WebsocketCommunicator
-from django.conf import settings
 from django.db import OperationalError, connection
 from django.urls import reverse
 
-from dashboard.asgi import application
 from dashboard.consumers import fabric as consumer
 from dashboard.dash_apps import fabric as dash_fabric
 from telemetry.ingest.schema import TimeParser, parse_json
@@ -23,6 +20,7 @@ from telemetry.rollups import run_rollups
 from telemetry.selectors import fabric as fabric_selectors
 from telemetry.topology import do_import_topology
 from tests.conftest import FIXED_NOW
+from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 
 SEC = timedelta(seconds=1)
 # Readings every 30 s from 11:56:00 to 12:00:30. At FIXED_NOW the rate bucket is 11:58 (the
@@ -112,11 +110,7 @@ def fabric():
 def test_page_and_dash_endpoints_need_a_login(client, django_user_model):
     page = client.get(reverse("fabric"))
     assert page.status_code == 302 and page["Location"].startswith("/login/")
-    layout = client.get("/django_plotly_dash/app/fabric/_dash-layout", HTTP_ACCEPT="application/json")
-    assert layout.status_code == 401 and layout.json()["error"]["code"] == "not_authenticated"
-    update = client.post("/django_plotly_dash/app/fabric/_dash-update-component", data="{}",
-                         content_type="application/json")
-    assert update.status_code == 401
+    assert_dash_app_refuses_anonymous(client, "fabric")
 
     client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345"))
     page = client.get(reverse("fabric"))
@@ -259,19 +253,8 @@ def test_layout_puts_each_rail_in_a_plane_with_spines_above_leaves():
 
 # --- live consumer -------------------------------------------------------------------------------
 
-@pytest.fixture
-def session_cookie(client, django_user_model) -> bytes:
-    user = django_user_model.objects.create_user("operator", password="pw-operator-1")
-    client.force_login(user)
-    name = settings.SESSION_COOKIE_NAME
-    return f"{name}={client.cookies[name].value}".encode()
-
-
-def _communicator(cookie: bytes | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, "/ws/fabric/", headers=headers)
+def _communicator(cookie: bytes | None = None):
+    return ws_communicator("/ws/fabric/", cookie)
 
 
 def _rows(columns: dict) -> list[tuple]:

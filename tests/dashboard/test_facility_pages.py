@@ -14,11 +14,8 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from channels.testing import WebsocketCommunicator
-from django.conf import settings
 from django.urls import reverse
 
-from dashboard.asgi import application
 from dashboard.consumers import facility as consumer
 from dashboard.dash_apps import facility as dash_facility
 from telemetry.ingest.schema import TimeParser, parse_json
@@ -27,6 +24,7 @@ from telemetry.rollups import run_rollups
 from telemetry.selectors import nvlink_domains, power_overview
 from telemetry.topology import do_import_topology, load_topology_file
 from tests.conftest import FIXED_NOW
+from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 
 GOOD = Path(__file__).resolve().parent.parent / "fixtures" / "topology" / "good.yaml"
 SEC = timedelta(seconds=1)
@@ -105,11 +103,7 @@ def test_pages_and_dash_endpoints_need_a_login(client):
         page = client.get(url)
         assert page.status_code == 302 and page["Location"].startswith("/login/"), url
     for app in APPS:
-        layout = client.get(f"/django_plotly_dash/app/{app}/_dash-layout", HTTP_ACCEPT="application/json")
-        assert layout.status_code == 401 and layout.json()["error"]["code"] == "not_authenticated"
-        update = client.post(f"/django_plotly_dash/app/{app}/_dash-update-component", data="{}",
-                             content_type="application/json")
-        assert update.status_code == 401
+        assert_dash_app_refuses_anonymous(client, app)
 
 
 @pytest.mark.django_db
@@ -221,19 +215,8 @@ def test_layout_id_names_where_gpus_sit():
 
 # --- live consumer -------------------------------------------------------------------------------
 
-@pytest.fixture
-def session_cookie(client, django_user_model) -> bytes:
-    user = django_user_model.objects.create_user("operator", password="pw-operator-1")
-    client.force_login(user)
-    name = settings.SESSION_COOKIE_NAME
-    return f"{name}={client.cookies[name].value}".encode()
-
-
-def communicator(cookie: bytes | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, "/ws/facility/", headers=headers)
+def communicator(cookie: bytes | None = None):
+    return ws_communicator("/ws/facility/", cookie)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,15 +6,13 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from channels.testing import WebsocketCommunicator
-from django.conf import settings
 from django.urls import reverse
 
-from dashboard.asgi import application
 from telemetry.models import Allocation, Gpu, GpuEvent, Job, Node
 from telemetry.selectors.racks import METRICS, THROTTLE_LABELS, heatmap_values, rack_grid
 from telemetry.topology import do_import_topology
 from tests.conftest import FIXED_NOW
+from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 from tests.dashboard.test_fleet_page import write_latest
 from tests.telemetry.factories import insert_rollup
 
@@ -123,19 +121,8 @@ def test_values_per_metric(floor):
 
 # --- live consumer -------------------------------------------------------------------------------
 
-@pytest.fixture
-def session_cookie(client, django_user_model) -> bytes:
-    user = django_user_model.objects.create_user("operator", password="pw-operator-1")
-    client.force_login(user)
-    name = settings.SESSION_COOKIE_NAME
-    return f"{name}={client.cookies[name].value}".encode()
-
-
-def _communicator(cookie: bytes | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, "/ws/heatmap/", headers=headers)
+def _communicator(cookie: bytes | None = None):
+    return ws_communicator("/ws/heatmap/", cookie)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -185,11 +172,7 @@ def test_consumer_rejects_anonymous_users():
 def test_page_and_dash_endpoints_need_a_login(client, django_user_model):
     page = client.get(reverse("racks"))
     assert page.status_code == 302 and page["Location"].startswith("/login/")
-    layout = client.get("/django_plotly_dash/app/heatmap/_dash-layout", HTTP_ACCEPT="application/json")
-    assert layout.status_code == 401 and layout.json()["error"]["code"] == "not_authenticated"
-    update = client.post("/django_plotly_dash/app/heatmap/_dash-update-component", data="{}",
-                         content_type="application/json")
-    assert update.status_code == 401
+    assert_dash_app_refuses_anonymous(client, "heatmap")
 
     client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345"))
     page = client.get(reverse("racks"))

@@ -12,11 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from channels.testing import WebsocketCommunicator
-from django.conf import settings
 from django.urls import reverse
 
-from dashboard.asgi import application
 from dashboard.consumers import jobs as consumer
 from dashboard.dash_apps import jobs as dash_jobs
 from telemetry.models import JobState, JobStateChange, TrainingStep
@@ -24,6 +21,7 @@ from telemetry.selectors import jobs as job_selectors
 from telemetry.slurm import parse
 from telemetry.slurm.sync import do_sync_slurm
 from tests.conftest import FIXED_NOW
+from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 from tests.telemetry.test_selectors_jobs import allocate, cluster, make_job, steps  # noqa: F401  (fixture)
 
 NOW = FIXED_NOW
@@ -65,11 +63,7 @@ def test_pages_and_dash_endpoints_need_a_login(client):
         page = client.get(url)
         assert page.status_code == 302 and page["Location"].startswith("/login/"), url
     for app in ("jobs", "job"):
-        layout = client.get(f"/django_plotly_dash/app/{app}/_dash-layout", HTTP_ACCEPT="application/json")
-        assert layout.status_code == 401 and layout.json()["error"]["code"] == "not_authenticated"
-        update = client.post(f"/django_plotly_dash/app/{app}/_dash-update-component", data="{}",
-                             content_type="application/json")
-        assert update.status_code == 401
+        assert_dash_app_refuses_anonymous(client, app)
 
 
 @pytest.mark.django_db
@@ -216,19 +210,8 @@ def test_step_range_stops_at_the_jobs_end_and_start():
 
 # --- live consumer -------------------------------------------------------------------------------
 
-@pytest.fixture
-def session_cookie(client, django_user_model) -> bytes:
-    user = django_user_model.objects.create_user("watcher", password="pw-watcher-1")
-    client.force_login(user)
-    name = settings.SESSION_COOKIE_NAME
-    return f"{name}={client.cookies[name].value}".encode()
-
-
-def _communicator(cookie: bytes | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, "/ws/jobs/", headers=headers)
+def _communicator(cookie: bytes | None = None):
+    return ws_communicator("/ws/jobs/", cookie)
 
 
 TICK = {"type": "telemetry.tick", "at": "x"}

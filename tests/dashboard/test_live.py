@@ -14,12 +14,11 @@ import pytest
 import redis
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.db import transaction
 
-from dashboard.asgi import application
 from telemetry import live
+from tests.dashboard.conftest import ws_communicator
 from tests.dashboard.test_fleet_page import (  # noqa: F401  (fixtures are used by name)
     HEALTHY,
     _pin_stale_after,
@@ -44,19 +43,8 @@ def _free_throttle():
     client.delete(live.THROTTLE_KEY)
 
 
-@pytest.fixture
-def session_cookie(client, django_user_model) -> bytes:
-    user = django_user_model.objects.create_user("operator", password="pw-operator-1")
-    client.force_login(user)
-    name = settings.SESSION_COOKIE_NAME
-    return f"{name}={client.cookies[name].value}".encode()
-
-
-def _communicator(cookie: bytes | None = None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, "/ws/fleet/", headers=headers)
+def _communicator(cookie: bytes | None = None):
+    return ws_communicator("/ws/fleet/", cookie)
 
 
 def _gpu_total(message: dict) -> int:
