@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -32,6 +32,7 @@ from django.utils import timezone
 from telemetry.fields import COUNTER, KINDS
 from telemetry.models import Link, Port, Rack, Switch
 from telemetry.rollups import floor_bucket
+from telemetry.selectors.fleet import iso_utc
 
 MINUTE = timedelta(minutes=1)
 # A bucket's rate is read once the rollup beat (every 30 s) has run after the bucket ended.
@@ -238,10 +239,6 @@ def _float(v) -> float | None:
     return None if v is None else float(v)
 
 
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat()
-
-
 # --- the leaf × spine matrix ------------------------------------------------------------------
 
 def fabric_matrix(metric: str, *, now: datetime | None = None) -> dict:
@@ -277,8 +274,8 @@ def fabric_matrix(metric: str, *, now: datetime | None = None) -> dict:
     worst = [{"leaf": leaves[i]["name"], "spine": spines[j]["name"], "rail": leaves[i]["rail"], "value": -v,
               "links": links[i][j]} for v, i, j in heapq.nsmallest(WORST, ranked)]
     return {
-        "metric": metric, "unit": METRICS[metric], "generated_at": _iso(now),
-        "rate_bucket": _iso(rate_bucket(now)),
+        "metric": metric, "unit": METRICS[metric], "generated_at": iso_utc(now),
+        "rate_bucket": iso_utc(rate_bucket(now)),
         "leaves": [s["name"] for s in leaves], "spines": [s["name"] for s in spines],
         "leaf_rails": [s["rail"] for s in leaves], "spine_rails": [s["rail"] for s in spines],
         "z": z, "links": links, "worst": worst,
@@ -359,7 +356,7 @@ def _port_latest(cur, port_id: int, now: datetime) -> dict:
     values = dict(zip([d.name for d in cur.description], row, strict=True)) if row else {}
     when = values.get("time")
     return {
-        "time": _iso(when) if when else None,
+        "time": iso_utc(when) if when else None,
         "stale": when is None or when < now - settings.STALE_AFTER,
         "fields": {
             f.name: {"value": _json_value(values.get(f.name)), "unit": f.unit, "kind": f.kind, "help": f.help}
@@ -375,7 +372,7 @@ def _port_rates(cur, port_id: int, now: datetime) -> dict:
     values = dict(zip([d.name for d in cur.description], cur.fetchone(), strict=True))
     units = KINDS["port"].by_name
     return {
-        "bucket": _iso(values["bucket"]) if values["bucket"] else None,
+        "bucket": iso_utc(values["bucket"]) if values["bucket"] else None,
         "fields": {c: {"value": _float(values[c]), "unit": f"{units[c].unit}/s"} for c in counters},
     }
 
@@ -403,6 +400,6 @@ def port_detail(port_id: int, *, now: datetime | None = None) -> dict | None:
         for way in ("xmit", "rcv")
     }
     return {
-        "generated_at": _iso(now), "port": _port_info(port), "peer": _port_info(peer) if peer else None,
+        "generated_at": iso_utc(now), "port": _port_info(port), "peer": _port_info(peer) if peer else None,
         "latest": latest, "rates": rates, "utilization": util,
     }

@@ -139,7 +139,7 @@ def fleet_summary(now: datetime | None = None) -> dict:
     facility = power_overview(now)
     fleet["power"]["pue"] = facility["pue"]
     return {
-        "generated_at": _iso(now),
+        "generated_at": iso_utc(now),
         "stale_after_s": settings.STALE_AFTER.total_seconds(),
         **fleet,
         "ingest": ingest,
@@ -231,10 +231,10 @@ def _newest_sample(cursor, now: datetime) -> dict:
         return {"time": None, "age_s": None}
     # Negative when a collector's clock runs ahead of ours (ingest accepts some future skew);
     # the page says so instead of pretending the data is fresh.
-    return {"time": _iso(newest), "age_s": (now - newest).total_seconds()}
+    return {"time": iso_utc(newest), "age_s": (now - newest).total_seconds()}
 
 
-def _iso(moment: datetime) -> str:
+def iso_utc(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat()
 
 
@@ -273,8 +273,8 @@ def gpu_events(*, gpu_uuid: str | None = None, kind: str | None = None, open_onl
         info = describe(ev.code if ev.kind == "xid" else _KIND_XID.get(ev.kind, 0))
         out.append({
             "gpu_uuid": ev.gpu.uuid, "host": ev.gpu.node.hostname, "kind": ev.kind, "code": ev.code,
-            "count": ev.count, "first_seen": _iso(ev.first_seen), "last_seen": _iso(ev.last_seen),
-            "open": ev.cleared_at is None, "cleared_at": ev.cleared_at and _iso(ev.cleared_at),
+            "count": ev.count, "first_seen": iso_utc(ev.first_seen), "last_seen": iso_utc(ev.last_seen),
+            "open": ev.cleared_at is None, "cleared_at": ev.cleared_at and iso_utc(ev.cleared_at),
             "cleared_reason": ev.cleared_reason, "message": ev.message, "source": ev.source,
             "meaning": info.meaning, "severity": info.severity,
             "action": effective_action(ev.code, ev.message) if ev.kind == "xid" else info.action,

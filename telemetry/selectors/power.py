@@ -18,7 +18,7 @@ every rack it covers has a draw. Devices are assumed to cover disjoint racks.
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
@@ -28,6 +28,7 @@ from telemetry.fields import KINDS
 from telemetry.models import Gpu, Hall, Node, PowerDevice, Rack, Row, Site
 from telemetry.rollups import INTERVALS, floor_bucket
 from telemetry.selectors.fabric import cursor_without_jit
+from telemetry.selectors.fleet import iso_utc
 
 # PUE is read from rollups only, chosen by span like `telemetry.series`, but switching to 1 h
 # sooner: every point sums ~550 devices (PDUs and loops at 16k GPUs), so a week of 1-minute
@@ -102,10 +103,6 @@ _DEVICE_KEYS = ("id", "name", "kind", "time", "watts", "supply_c", "return_c", "
                 "racks")
 
 
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat()
-
-
 def _pct(draw: float | None, cap: float | None) -> float | None:
     return 100.0 * draw / cap if draw is not None and cap else None
 
@@ -156,7 +153,7 @@ def _loop(d: dict, names: dict[int, str], fresh: datetime) -> dict:
     supply, ret = value("supply_c"), value("return_c")
     return {
         "id": d["id"], "name": d["name"], "racks": [names[r] for r in d["racks"] if r in names],
-        "time": _iso(d["time"]) if d["time"] else None, "stale": not live,
+        "time": iso_utc(d["time"]) if d["time"] else None, "stale": not live,
         "supply_c": supply, "return_c": ret,
         "delta_t_c": ret - supply if supply is not None and ret is not None else None,
         "flow_lpm": value("flow_lpm"), "pump_w": value("watts"), "facility_w": value("facility_w"),
@@ -200,7 +197,7 @@ def power_overview(now: datetime | None = None) -> dict:
     names = {r["id"]: r["name"] for r in racks}
     total = _totals(racks, ())
     return {
-        "generated_at": _iso(now),
+        "generated_at": iso_utc(now),
         "racks": racks,
         "rows": _totals(racks, ("site", "hall", "row")),
         "halls": _totals(racks, ("site", "hall")),
@@ -313,5 +310,5 @@ def pue_series(start: datetime, end: datetime, *, max_points: int = 2000) -> dic
         rows = cur.fetchall()
     return {
         "resolution": res, "step_s": width.total_seconds(), "unit": "ratio",
-        "x": [_iso(t) for t, _ in rows], "y": [None if v is None else float(v) for _, v in rows],
+        "x": [iso_utc(t) for t, _ in rows], "y": [None if v is None else float(v) for _, v in rows],
     }
