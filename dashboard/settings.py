@@ -95,6 +95,7 @@ INSTALLED_APPS = [
     "channels",
     "django_plotly_dash.apps.DjangoPlotlyDashConfig",
     "telemetry",
+    "anomaly",
     "dashboard",
 ]
 

@@ -6,7 +6,7 @@ from django.urls import include, path
 
 import dashboard.dash_apps  # noqa: F401  (registers the Dash apps before the first request)
 from dashboard import views
-from dashboard.pages import fabric, facility, inventory, jobs
+from dashboard.pages import anomalies, fabric, facility, inventory, jobs, reliability
 
 urlpatterns = [
     path("", views.fleet, name="fleet"),
@@ -21,6 +21,8 @@ urlpatterns = [
     path("nodes/<str:hostname>/", inventory.node_detail, name="node"),
     path("ports/<int:port_id>/", inventory.port_detail, name="port"),
     path("search/", inventory.search, name="search"),
+    path("anomalies/", anomalies.anomaly_list, name="anomalies"),
+    path("reliability/", reliability.reliability, name="reliability"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
