@@ -78,6 +78,9 @@ def _store_scores(found: dict, kinds: set[str], at: datetime) -> None:
     with connection.cursor() as cur:
         cur.execute(f"UPDATE {table} SET anomaly_score = NULL, anomaly_at = %s WHERE anomaly_score IS NOT NULL",
                     [at])
+        # The fleet row says when the detectors last ran, so "no anomalies" reads as healthy, not unscored.
+        cur.execute(f"""INSERT INTO {table} (entity_kind, entity_id, anomaly_at) VALUES ('fleet', '*', %s)
+                        ON CONFLICT (entity_kind, entity_id) DO UPDATE SET anomaly_at = excluded.anomaly_at""", [at])
         if best:
             eks, eids, scores = zip(*((ek, eid, s) for (ek, eid), s in best.items()), strict=True)
             cur.execute(

@@ -121,7 +121,8 @@ def do_rollback(kind: str, *, now: datetime | None = None) -> ModelVersion:
         ModelVersion.objects.filter(pk=active.pk).update(
             status=ModelStatus.RETIRED, note=f"rolled back to v{previous.version}")
         ModelVersion.objects.filter(pk=previous.pk).update(
-            status=ModelStatus.ACTIVE, promoted_at=now or timezone.now(), note=f"restored by rollback of v{active.version}")
+            status=ModelStatus.ACTIVE, promoted_at=now or timezone.now(),
+            note=f"restored by rollback of v{active.version}")
     previous.refresh_from_db()
     load_active.cache_clear()
     return previous

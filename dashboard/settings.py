@@ -149,10 +149,16 @@ CELERY_TASK_ACKS_LATE = True  # a task killed mid-run is redelivered; every task
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
+# The queue tasks are sent to and workers consume. The test suite sets its own, so a test's tasks
+# never reach the worker of a `./dev up` running beside it on the same Redis (and vice versa).
+CELERY_TASK_DEFAULT_QUEUE = _env("CELERY_QUEUE", "celery")
 CELERY_BEAT_SCHEDULE = {
     "rollup": {"task": "telemetry.tasks.run_rollups", "schedule": timedelta(seconds=30)},
     "retention": {"task": "telemetry.tasks.apply_retention", "schedule": timedelta(hours=1)},
     "scrape": {"task": "telemetry.tasks.scrape_targets", "schedule": timedelta(seconds=15)},
+    # Detectors and failure risk every minute; every model retrained daily (anomaly app).
+    "anomaly-score": {"task": "anomaly.tasks.score", "schedule": timedelta(minutes=1)},
+    "anomaly-train": {"task": "anomaly.tasks.train_models", "schedule": timedelta(days=1)},
 }
 
 AUTH_PASSWORD_VALIDATORS = [

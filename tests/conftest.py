@@ -13,6 +13,12 @@ REPO = Path(__file__).resolve().parent.parent
 # Real captures live beside the checkout (../shared/data), never inside it.
 SHARED_DATA = Path(os.environ.get("BREAKWATER_SHARED_DATA", REPO.parent / "shared" / "data"))
 
+# Tasks the tests send go to a queue of their own (per test database), never to the worker of a
+# `./dev up` sharing this Redis: that worker would run them against the live database.
+os.environ.setdefault("CELERY_QUEUE", "bw-test" + os.environ.get("TEST_DB_SUFFIX", ""))
+# Likewise live pushes: a test's ticks must not reach the pages of a running `./dev up`.
+os.environ.setdefault("BREAKWATER_CHANNEL_PREFIX", "bwtest" + os.environ.get("TEST_DB_SUFFIX", ""))
+
 # Tests fix time with a constant, not now().
 FIXED_NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 

@@ -134,6 +134,7 @@ def fleet_summary(now: datetime | None = None) -> dict:
         ingest = _ingest_rate(cursor, now)
         newest = _newest_sample(cursor, now)
         faults = _open_faults(cursor)
+    from anomaly.selectors import fleet_anomalies  # anomaly's selectors are its public reads
     from telemetry.selectors.power import power_overview  # power imports this module
 
     facility = power_overview(now)
@@ -145,6 +146,7 @@ def fleet_summary(now: datetime | None = None) -> dict:
         "ingest": ingest,
         "newest_sample": newest,
         "faults": {**faults, "newest": gpu_events(limit=NEWEST_EVENTS)},
+        "anomalies": fleet_anomalies(limit=NEWEST_EVENTS),
     }
 
 

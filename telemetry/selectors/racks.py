@@ -73,7 +73,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
 )}
 DEFAULT_METRIC = "gpu_util"
 SLOW_REFRESH_S = 30.0
-_NOT_YET = "No scores yet: anomaly scoring has not run on this cluster."
+_NOT_YET = {"anomaly_score": "No scores yet: anomaly scoring has not run on this cluster.",
+            "failure_risk": "No risk scores yet: no failure model is active (manage.py train_models)."}
 
 _GPU_1M = KINDS["gpu"].rollup_table("1m")
 
@@ -284,8 +285,14 @@ def _xid_last_day(now: datetime):
         return {gpu_id: int(n) for gpu_id, n in cur.fetchall()}, None
 
 
-def _not_yet(now: datetime):
-    return {}, _NOT_YET
+def _scores(column: str, scale: float):
+    def read(now: datetime):
+        from anomaly.selectors import gpu_scores, has_scores
+
+        if not has_scores(column):
+            return {}, _NOT_YET[column]
+        return {g: round(v * scale, 3) for g, v in gpu_scores(column).items()}, None
+    return read
 
 
 _READERS = {
@@ -297,8 +304,8 @@ _READERS = {
     "ecc_rate": _ecc_last_hour,
     "throttle": _latest("throttle_reasons", lambda mask: _throttle_category(int(mask))),
     "xid_events": _xid_last_day,
-    "anomaly_score": _not_yet,
-    "failure_risk": _not_yet,
+    "anomaly_score": _scores("anomaly_score", 1.0),
+    "failure_risk": _scores("failure_risk", 100.0),
 }
 
 

@@ -52,6 +52,24 @@
           "</a></td><td>" + esc(what) + "</td><td>" + esc(ev.meaning) + '</td><td><span class="bw-sev bw-sev-' +
           esc(ev.severity) + '">' + esc(ev.severity) + "</span></td></tr>";
       }).join("");
+    },
+    "anomalies.top": function (rows) {
+      if (!rows.length) return '<tr class="bw-empty"><td colspan="5">No open anomalies.</td></tr>';
+      return rows.map(function (a) {
+        var id = a.entity_id.length > 24 ? a.entity_id.slice(0, 23) + "…" : a.entity_id;
+        var entity = a.url ? '<a href="' + esc(a.url) + '">' + esc(id) + "</a>" : esc(id);
+        var host = a.host && a.entity_kind !== "rack" ? ' <span class="bw-muted">' + esc(a.host) + "</span>" : "";
+        return "<tr><td>" + esc(a.started_at.slice(11, 19)) + "</td><td>" + entity + host + "</td><td>" +
+          esc(a.kind_label) + "</td><td>" + esc(a.summary) + "</td><td>" + a.score.toFixed(2) + "</td></tr>";
+      }).join("");
+    },
+    "anomalies.at_risk": function (rows) {
+      if (!rows.length) return '<tr class="bw-empty"><td colspan="3">No GPU above 5% risk.</td></tr>';
+      return rows.map(function (g) {
+        var id = g.uuid.length > 24 ? g.uuid.slice(0, 23) + "…" : g.uuid;
+        return '<tr><td><a href="' + esc(g.url) + '">' + esc(id) + '</a></td><td><a href="/nodes/' +
+          encodeURIComponent(g.host) + '/">' + esc(g.host) + "</a></td><td>" + Math.round(g.risk * 100) + "%</td></tr>";
+      }).join("");
     }
   };
 

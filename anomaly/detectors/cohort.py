@@ -1,0 +1,103 @@
+"""A multivariate model per cohort (GPU model): IsolationForest on robustly scaled features.
+
+Peers catch a GPU that disagrees with its node; the cohort model catches a combination no GPU
+of that model shows (full power at low clocks and a cool die, say) even when each field alone
+is within range. Each cohort has its own forest because an H100 and an A100 differ in every
+level; rows of a cohort the model never saw are not scored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.ensemble import IsolationForest
+from sklearn.utils.validation import check_array, check_is_fitted
+
+from anomaly.detectors._robust import MAD_TO_SIGMA
+
+
+class CohortIsolationForest(BaseEstimator):
+    """One IsolationForest per cohort, with a label-free threshold and per-feature explanations.
+
+    Parameters (keyword-only): ``n_estimators``, ``max_samples`` (per tree, as IsolationForest),
+    ``quantile`` (the threshold is this quantile of the training scores: the share of training
+    rows that would have been flagged), ``margin`` (subtracted from that quantile, so a row must
+    be clearly stranger than the strangest training rows), ``min_rows`` (a cohort with fewer
+    training rows gets no forest), ``random_state`` (seeds every forest).
+
+    Learned: ``forests_`` {cohort: IsolationForest}, ``thresholds_`` {cohort: float},
+    ``center_``/``scale_`` {cohort: per-feature median and MAD-σ}. `score_samples(X, cohorts)`
+    returns IsolationForest's score NEGATED, so HIGHER = MORE anomalous (NaN for unknown cohorts);
+    `predict` is 1 where the score exceeds the cohort threshold.
+    """
+
+    def __init__(self, *, n_estimators: int = 100, max_samples: int = 256, quantile: float = 0.001,
+                 margin: float = 0.02, min_rows: int = 64, random_state: int = 0):
+        self.n_estimators = n_estimators
+        self.max_samples = max_samples
+        self.quantile = quantile
+        self.margin = margin
+        self.min_rows = min_rows
+        self.random_state = random_state
+
+    def fit(self, X, cohorts, y=None):
+        X = check_array(X, ensure_all_finite="allow-nan")
+        cohorts = np.asarray(cohorts).astype(str)
+        if len(cohorts) != len(X):
+            raise ValueError(f"cohorts has {len(cohorts)} entries for {len(X)} rows")
+        if not 0 < self.quantile < 0.5:
+            raise ValueError(f"quantile must lie in (0, 0.5), got {self.quantile}")
+        self.forests_, self.thresholds_, self.center_, self.scale_ = {}, {}, {}, {}
+        for c in np.unique(cohorts):
+            rows = X[cohorts == c]
+            if len(rows) < self.min_rows:
+                continue
+            self._fit_cohort(str(c), rows)
+        self.n_features_in_ = X.shape[1]
+        return self
+
+    def _fit_cohort(self, c: str, rows: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            center = np.nanmedian(rows, axis=0)
+            scale = np.nanmedian(np.abs(rows - center), axis=0) * MAD_TO_SIGMA
+        center = np.nan_to_num(center, nan=0.0)
+        self.center_[c], self.scale_[c] = center, np.where(np.nan_to_num(scale) > 0, scale, 1.0)
+        Z = self._scaled(c, rows)
+        forest = IsolationForest(n_estimators=self.n_estimators, max_samples=min(self.max_samples, len(rows)),
+                                 random_state=self.random_state, n_jobs=1).fit(Z)
+        train = -forest.score_samples(Z)
+        self.forests_[c] = forest
+        self.thresholds_[c] = float(np.quantile(train, 1 - self.quantile) + self.margin)
+
+    def _scaled(self, c: str, rows: np.ndarray) -> np.ndarray:
+        # Missing fields sit at the cohort median: "not reported" must not look extreme.
+        return np.nan_to_num((rows - self.center_[c]) / self.scale_[c], nan=0.0)
+
+    def score_samples(self, X, cohorts) -> np.ndarray:
+        check_is_fitted(self, "forests_")
+        X = check_array(X, ensure_all_finite="allow-nan")
+        cohorts = np.asarray(cohorts).astype(str)
+        out = np.full(len(X), np.nan)
+        for c, forest in self.forests_.items():
+            mask = cohorts == c
+            if mask.any():
+                out[mask] = -forest.score_samples(self._scaled(c, X[mask]))
+        return out
+
+    def predict(self, X, cohorts) -> np.ndarray:
+        scores = self.score_samples(X, cohorts)
+        limits = np.array([self.thresholds_.get(str(c), np.inf) for c in np.asarray(cohorts).astype(str)])
+        return (np.nan_to_num(scores, nan=-np.inf) > limits).astype(int)
+
+    def deviations(self, X, cohorts) -> tuple[np.ndarray, np.ndarray]:
+        """(z, expected): each feature's robust z against its cohort (the explanation of a flag)."""
+        check_is_fitted(self, "forests_")
+        X = check_array(X, ensure_all_finite="allow-nan")
+        cohorts = np.asarray(cohorts).astype(str)
+        z = np.full(X.shape, np.nan)
+        expected = np.full(X.shape, np.nan)
+        for c in self.forests_:
+            mask = cohorts == c
+            z[mask] = (X[mask] - self.center_[c]) / self.scale_[c]
+            expected[mask] = self.center_[c]
+        return z, expected

@@ -1,0 +1,151 @@
+"""Reads of the anomaly app: the open and recent anomaly events, current scores and risks.
+
+Other apps read anomalies only through these functions (the fleet summary, the heatmaps, the
+drill-down pages, and the alert rules of the alerts app).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection
+from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Q, QuerySet
+
+from anomaly.models import Anomaly, AnomalyKind, EntityScore
+from telemetry.models import Gpu
+from telemetry.selectors.fleet import iso_utc
+
+RISK_LIST_MIN = 0.05  # GPUs below this failure risk are not listed as "at risk"
+
+
+def entity_url(entity_kind: str, entity_id: str) -> str | None:
+    """The drill-down page of an anomaly's entity, where there is one."""
+    if entity_kind == "gpu":
+        return f"/gpus/{entity_id}/"
+    if entity_kind == "port" and entity_id.isdigit():
+        return f"/ports/{entity_id}/"
+    if entity_kind in ("job", "rank"):
+        return f"/jobs/{entity_id.split('#')[0]}/"
+    if entity_kind == "rack":
+        return f"/search/?q={entity_id}"
+    return None
+
+
+def _row(a: Anomaly) -> dict:
+    return {"id": a.pk, "kind": a.kind, "kind_label": AnomalyKind(a.kind).label, "entity_kind": a.entity_kind,
+            "entity_id": a.entity_id, "host": a.host, "url": entity_url(a.entity_kind, a.entity_id),
+            "score": round(a.score, 3), "last_score": round(a.last_score, 3), "summary": a.summary,
+            "contributions": a.contributions, "started_at": iso_utc(a.started_at), "last_seen": iso_utc(a.last_seen),
+            "ended_at": iso_utc(a.ended_at) if a.ended_at else None, "colour": AnomalyKind.colour(a.kind)}
+
+
+def fleet_anomalies(limit: int = 8) -> dict:
+    """For the overview: open anomalies by kind, the strongest ones, and the GPUs most at risk."""
+    open_qs = Anomaly.objects.filter(ended_at=None)
+    by_kind = dict(open_qs.values_list("kind").annotate(n=Count("id")).order_by())
+    top = [_row(a) for a in open_qs.exclude(kind=AnomalyKind.FAILURE_RISK).order_by("-score", "-started_at")[:limit]]
+    scored = EntityScore.objects.aggregate(a=Max("anomaly_at"), r=Max("risk_at"))
+    return {"open": sum(by_kind.values()), "by_kind": by_kind, "top": top, "at_risk": gpus_at_risk(limit),
+            "scored_at": iso_utc(scored["a"]) if scored["a"] else None,
+            "risk_at": iso_utc(scored["r"]) if scored["r"] else None}
+
+
+def gpus_at_risk(limit: int = 8) -> list[dict]:
+    """GPUs with the highest current failure risk (at least RISK_LIST_MIN), newest scores only."""
+    rows = list(EntityScore.objects.filter(entity_kind="gpu", failure_risk__gte=RISK_LIST_MIN)
+                .order_by("-failure_risk")[:limit].values_list("entity_id", "failure_risk", "risk_version"))
+    hosts = dict(Gpu.objects.filter(uuid__in=[r[0] for r in rows]).values_list("uuid", "node__hostname"))
+    return [{"uuid": u, "host": hosts.get(u, ""), "risk": round(p, 4), "version": v, "url": f"/gpus/{u}/"}
+            for u, p, v in rows]
+
+
+def anomaly_list(*, kind: str | None = None, q: str = "", state: str = "open", since: datetime | None = None,
+                 limit: int = 200) -> list[dict]:
+    """Anomaly events, newest first: open ones, or all (`state="all"`), filtered by kind and text."""
+    qs = Anomaly.objects.all()
+    if state == "open":
+        qs = qs.filter(ended_at=None)
+    if kind:
+        qs = qs.filter(kind=kind)
+    if q:
+        qs = qs.filter(Q(entity_id__icontains=q) | Q(host__icontains=q) | Q(summary__icontains=q))
+    if since:
+        qs = qs.filter(Q(ended_at=None) | Q(ended_at__gte=since))
+    return [_row(a) for a in qs.order_by("-started_at")[:limit]]
+
+
+def entity_anomalies(entity_kind: str, entity_id: str, limit: int = 20) -> list[dict]:
+    """One entity's anomaly events, open and closed, newest first (a drill-down page's list)."""
+    qs = Anomaly.objects.filter(entity_kind=entity_kind, entity_id=entity_id).order_by("-started_at")[:limit]
+    return [_row(a) for a in qs]
+
+
+def gpu_scores(column: str) -> dict[int, float]:
+    """{gpu id: current value} of `anomaly_score` or `failure_risk` (NULLs left out), for heatmaps."""
+    if column not in ("anomaly_score", "failure_risk"):
+        raise ValueError(f"unknown score column {column!r}")
+    with connection.cursor() as cur:
+        cur.execute(f"""SELECT g.id, s.{column} FROM {EntityScore._meta.db_table} s
+                        JOIN {Gpu._meta.db_table} g ON g.uuid = s.entity_id
+                        WHERE s.entity_kind = 'gpu' AND s.{column} IS NOT NULL""")
+        return {gid: float(v) for gid, v in cur.fetchall()}
+
+
+def has_scores(column: str = "anomaly_score") -> bool:
+    """Whether the detectors (or, for failure_risk, the failure model) have run at all, so a
+    heatmap can tell "all healthy" from "never scored"."""
+    at = {"anomaly_score": "anomaly_at", "failure_risk": "risk_at"}[column]
+    return EntityScore.objects.filter(**{f"{at}__isnull": False}).exists()
+
+
+# --- The Anomalies page and the drill-down pages' "Anomalies and risk" section -------------------
+
+def open_anomaly_counts() -> dict[str, int]:
+    """{kind: open events} for every detector kind, zeros included (the Anomalies page's chart)."""
+    counts = dict(Anomaly.objects.filter(ended_at=None).values_list("kind").annotate(n=Count("id")).order_by())
+    return {kind: counts.get(kind, 0) for kind in AnomalyKind.values}
+
+
+def _open_first(qs: QuerySet, limit: int) -> list[dict]:
+    """Open events first (what needs a look now), then the closed ones, each newest first."""
+    is_open = ExpressionWrapper(Q(ended_at=None), output_field=BooleanField())
+    return [_row(a) for a in qs.annotate(is_open=is_open).order_by("-is_open", "-started_at")[:limit]]
+
+
+def entity_events(entity_kind: str, entity_id: str, limit: int = 20) -> list[dict]:
+    """One entity's anomaly events, open ones first (a GPU's or a port's page)."""
+    return _open_first(Anomaly.objects.filter(entity_kind=entity_kind, entity_id=entity_id), limit)
+
+
+def host_anomalies(host: str, limit: int = 30) -> list[dict]:
+    """A node's events, open first: those raised on the host and those of the GPUs in it now (a
+    GPU's event carries the host it was in when raised, so both halves are asked for)."""
+    uuids = Gpu.objects.filter(node__hostname=host).values("uuid")
+    return _open_first(Anomaly.objects.filter(Q(host=host) | Q(entity_kind="gpu", entity_id__in=uuids)), limit)
+
+
+def job_anomalies(job_key: str, limit: int = 30) -> list[dict]:
+    """A job's divergence events and its ranks' straggler events (entity "<job key>#<rank>"), open first."""
+    qs = Anomaly.objects.filter(Q(entity_kind="job", entity_id=job_key)
+                                | Q(entity_kind="rank", entity_id__startswith=f"{job_key}#"))
+    return _open_first(qs, limit)
+
+
+def entity_risk(entity_kind: str, entity_id: str) -> dict | None:
+    """An entity's current anomaly score and (GPUs only) failure risk with the model version that
+    scored it; None when no pass has scored it."""
+    s = EntityScore.objects.filter(entity_kind=entity_kind, entity_id=entity_id).first()
+    if s is None:
+        return None
+    return {"anomaly_score": s.anomaly_score, "anomaly_at": iso_utc(s.anomaly_at) if s.anomaly_at else None,
+            "failure_risk": s.failure_risk, "risk_at": iso_utc(s.risk_at) if s.risk_at else None,
+            "risk_version": s.risk_version}
+
+
+def host_gpu_risks(host: str) -> list[dict]:
+    """Failure risk of each GPU in a node that the failure model scored, highest first."""
+    gpus = dict(Gpu.objects.filter(node__hostname=host).values_list("uuid", "index"))
+    rows = (EntityScore.objects.filter(entity_kind="gpu", entity_id__in=list(gpus), failure_risk__isnull=False)
+            .order_by("-failure_risk").values_list("entity_id", "failure_risk", "risk_version", "risk_at"))
+    return [{"uuid": u, "index": gpus[u], "risk": p, "version": v, "risk_at": iso_utc(at) if at else None,
+             "url": f"/gpus/{u}/"} for u, p, v, at in rows]
