@@ -19,10 +19,9 @@ from datetime import datetime, timedelta
 
 import numpy as np
 from django.db import connection
-from django.db.models import Q
 
 from telemetry.fields import KINDS
-from telemetry.models import Allocation, Gpu, GpuEvent, Link, Port
+from telemetry.models import Allocation, Gpu, GpuEvent, Job, Link, Node, Port
 
 SCORE_WINDOW = timedelta(minutes=2)  # the newest complete buckets a pass averages
 SETTLE = timedelta(minutes=1)  # buckets younger than this may still be filling
@@ -139,10 +138,43 @@ def _xid_counts(at: datetime) -> dict[int, float]:
         return {g: float(n) for g, n in cur.fetchall()}
 
 
+_MEMO: dict[str, tuple] = {}
+
+
+def _inventory_version(*models) -> tuple:
+    """Changes whenever rows of these inventory tables are added, removed or moved (count, max id
+    and a sum over the columns that place them), in one cheap query per table."""
+    out = []
+    with connection.cursor() as cur:
+        for model, cols in models:
+            cur.execute(f"SELECT count(*), max(id), sum(hashtext({' || '.join(cols)})::bigint) "
+                        f"FROM {model._meta.db_table}")
+            out.append(cur.fetchone())
+    return tuple(out)
+
+
+def _memo(name: str, version: tuple, load):
+    """The inventory context of a kind, reloaded only when its tables changed: a 16k-GPU fleet's
+    static context (names, hosts, models, which ports are uplinks) costs seconds to read and
+    almost never changes between two passes a minute apart."""
+    hit = _MEMO.get(name)
+    if hit and hit[0] == version:
+        return hit[1]
+    value = load()
+    _MEMO[name] = (version, value)
+    return value
+
+
+def _gpu_info() -> dict[int, tuple]:
+    return {g: (u, h, n, r, m or "unknown") for g, u, h, n, r, m in Gpu.objects.values_list(
+        "pk", "uuid", "node__hostname", "node_id", "node__rack_id", "model")}
+
+
 def gpu_context(ids: np.ndarray, at: datetime) -> dict[str, np.ndarray]:
     """uuid, host, node id, rack id, cohort (GPU model) and current job key of each GPU id."""
-    info = {g: (u, h, n, r, m or "unknown") for g, u, h, n, r, m in Gpu.objects.filter(pk__in=ids.tolist())
-            .values_list("pk", "uuid", "node__hostname", "node_id", "node__rack_id", "model")}
+    version = _inventory_version((Gpu, ("uuid", "node_id::text", "coalesce(model, '')")),
+                                 (Node, ("hostname", "coalesce(rack_id, 0)::text")))
+    info = _memo("gpu", version, _gpu_info)
     jobs = _jobs_at(ids, at)
     cols = list(zip(*[info.get(int(i), ("", "", 0, None, "unknown")) for i in ids], strict=True)) or [()] * 5
     return {"uuid": np.array(cols[0], dtype=object), "host": np.array(cols[1], dtype=object),
@@ -152,9 +184,14 @@ def gpu_context(ids: np.ndarray, at: datetime) -> dict[str, np.ndarray]:
 
 
 def _jobs_at(ids: np.ndarray, at: datetime) -> dict[int, str]:
-    rows = (Allocation.objects.filter(gpu_id__in=ids.tolist(), start__lte=at)
-            .exclude(end__lte=at).values_list("gpu_id", "job__source", "job__external_id"))
-    return {g: f"{s}:{e}" for g, s, e in rows}
+    """GPU id -> key of the job holding it at `at` (one scan of the allocations open then, rather
+    than an IN list of every GPU id)."""
+    with connection.cursor() as cur:
+        cur.execute(f"""SELECT a.gpu_id, j.source || ':' || j.external_id
+                        FROM {Allocation._meta.db_table} a JOIN {Job._meta.db_table} j ON j.id = a.job_id
+                        WHERE a.gpu_id IS NOT NULL AND a.start <= %(at)s AND (a."end" IS NULL OR a."end" > %(at)s)""",
+                    {"at": at})
+        return dict(cur.fetchall())
 
 
 def gpu_history(at: datetime, *, hours: float = 6.0, per_gpu: int = 12) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -222,10 +259,9 @@ def port_matrix(at: datetime) -> Matrix:
     with connection.cursor() as cur:
         cur.execute(_rollup_sql("port", PORT_FEATURES, per_bucket=False), {"start": start, "end": end})
         rows = cur.fetchall()
-    info = {p: (n, s, sw, sp) for p, n, s, sw, sp in Port.objects.filter(
-        pk__in=[r[0] for r in rows], switch__isnull=False).values_list(
-        "pk", "name", "switch_id", "switch__name", "speed_gbps")}
-    uplinks = _uplinks(list(info))
+    version = _inventory_version((Port, ("name", "coalesce(switch_id, 0)::text", "coalesce(speed_gbps, 0)::text")),
+                                 (Link, ("a_id::text", "b_id::text")))
+    info, uplinks = _memo("port", version, _port_info)
     rows = [r for r in rows if r[0] in info]
     ids = np.array([r[0] for r in rows], dtype=np.int64)
     X = np.array([[np.nan if v is None else float(v) for v in r[1:]] for r in rows], dtype=float).reshape(
@@ -236,17 +272,20 @@ def port_matrix(at: datetime) -> Matrix:
     return Matrix(ids, X, PORT_FEATURES, {
         "name": np.array([f"{info[int(i)][2]}:{info[int(i)][0]}" for i in ids], dtype=object),
         "switch": np.array([info[int(i)][1] for i in ids], dtype=np.int64),
-        "uplink": np.array([int(i) in uplinks for i in ids], dtype=bool)})
+        "uplink": np.array([int(i) in uplinks for i in ids], dtype=bool),
+        "leaf": np.array([info[int(i)][4] == "leaf" for i in ids], dtype=bool)})
 
 
-def _uplinks(port_ids: list[int]) -> set[int]:
-    """Switch ports whose link ends on another switch's port."""
-    out: set[int] = set()
-    for a, b, a_sw, b_sw in Link.objects.filter(Q(a_id__in=port_ids) | Q(b_id__in=port_ids)).values_list(
-            "a_id", "b_id", "a__switch_id", "b__switch_id"):
+def _port_info() -> tuple[dict[int, tuple], set[int]]:
+    """Every switch port's (name, switch id, switch name, speed, switch role), and the ports that are uplinks
+    (their link ends on another switch's port)."""
+    info = {p: (n, s, sw, sp, role) for p, n, s, sw, sp, role in Port.objects.filter(
+        switch__isnull=False).values_list("pk", "name", "switch_id", "switch__name", "speed_gbps", "switch__role")}
+    uplinks: set[int] = set()
+    for a, b, a_sw, b_sw in Link.objects.values_list("a_id", "b_id", "a__switch_id", "b__switch_id"):
         if a_sw and b_sw:
-            out.update((a, b))
-    return out
+            uplinks.update((a, b))
+    return info, uplinks
 
 
 __all__ = ["GPU_FEATURES", "PORT_FEATURES", "BASELINE_FEATURES", "Feature", "Matrix", "gpu_matrix", "port_matrix",

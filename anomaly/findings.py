@@ -23,7 +23,7 @@ class Contribution:
 
     def as_dict(self) -> dict:
         return {"field": self.field, "label": self.label, "value": _round(self.value),
-                "expected": _round(self.expected), "deviation": round(self.deviation, 2), "basis": self.basis}
+                "expected": _round(self.expected), "deviation": _round(self.deviation, 2), "basis": self.basis}
 
     def phrase(self) -> str:
         if self.deviation != self.deviation:  # NaN: a non-finite value, e.g. loss = NaN
@@ -31,10 +31,11 @@ class Contribution:
         return f"{self.label} {self.deviation:+.1f}σ vs {self.basis}"
 
 
-def _round(x: float | None) -> float | None:
+def _round(x: float | None, digits: int = 4) -> float | None:
+    """JSON-safe: NaN and ±inf (which PostgreSQL's jsonb refuses) become None."""
     if x is None or x != x or x in (float("inf"), float("-inf")):
         return None
-    return round(float(x), 4)
+    return round(float(x), digits)
 
 
 @dataclass(frozen=True)

@@ -31,14 +31,16 @@ INF = float("inf")
 # group that agrees to the last digit does not flag noise. inf: not compared with peers (XIDs and
 # throttling are fault events and states with their own alerts, not peer deviations).
 GPU_MIN_DELTA = {
-    "gpu_util": 20.0, "sm_clock": 200.0, "mem_clock": 200.0, "gpu_temp": 8.0, "memory_temp": 8.0, "power_w": 80.0,
+    "gpu_util": 20.0, "sm_clock": 200.0, "mem_clock": 200.0, "gpu_temp": 10.0, "memory_temp": 10.0, "power_w": 80.0,
     "fb_used": 8192.0, "sm_active": 0.2, "sm_occupancy": 0.2, "tensor_active": 0.2, "dram_active": 0.2,
-    "nvlink_tx_bps": 5e9, "pcie_tx_bps": 5e9, "ecc_sbe_vol": 5.0, "pcie_replay": 5.0, "nvlink_crc_flit_errors": 5.0,
+    # Traffic depends on a rank's role in its collectives, so peers legitimately differ.
+    "nvlink_tx_bps": INF, "pcie_tx_bps": INF, "ecc_sbe_vol": 5.0, "pcie_replay": 5.0, "nvlink_crc_flit_errors": 5.0,
     "nvlink_replay_errors": 5.0, "nvlink_recovery_errors": 1.0, "throttle_reasons": INF, "xid_events": INF,
 }
 # Absolute σ floors: the smallest spread a feature is ever judged against.
 GPU_SCALE_FLOOR = {
-    "gpu_util": 2.0, "sm_clock": 20.0, "mem_clock": 20.0, "gpu_temp": 1.0, "memory_temp": 1.0, "power_w": 5.0,
+    # Temperatures: GPUs in one chassis sit in different airflow, a couple of °C apart when healthy.
+    "gpu_util": 2.0, "sm_clock": 20.0, "mem_clock": 20.0, "gpu_temp": 2.0, "memory_temp": 2.0, "power_w": 5.0,
     "fb_used": 512.0, "sm_active": 0.02, "sm_occupancy": 0.02, "tensor_active": 0.02, "dram_active": 0.02,
     "nvlink_tx_bps": 1e8, "pcie_tx_bps": 1e8, "ecc_sbe_vol": 1.0, "pcie_replay": 1.0, "nvlink_crc_flit_errors": 1.0,
     "nvlink_replay_errors": 1.0, "nvlink_recovery_errors": 0.5, "throttle_reasons": 1.0, "xid_events": 1.0,
@@ -134,6 +136,12 @@ def _flag(m: F.Matrix, z: np.ndarray, expected: np.ndarray, kind: str, basis: st
 _BASELINE_CACHE: dict[str, tuple] = {}
 
 
+def clear_caches() -> None:
+    """Forget the memoised baseline and inventory (tests, and a replay that moves to other data)."""
+    _BASELINE_CACHE.clear()
+    F._MEMO.clear()
+
+
 def _baseline(at: datetime) -> SeasonalRobustBaseline | None:
     """The fitted own-history baseline, refitted at most every 10 minutes per process."""
     key = at.strftime("%Y%m%d%H") + str(at.minute // 10)
@@ -179,26 +187,28 @@ def _cohort_findings(m: F.Matrix, det) -> list[Finding]:
 # --- ports, racks, jobs ---------------------------------------------------------------------
 
 def _port_findings(at: datetime) -> tuple[list[Finding], set[str]]:
-    """Uplinks: PortXmitWait and errors against every leaf uplink of the fleet (ECMP spreads load
-    evenly, and a congested leaf backs up all its uplinks at once, so its own leaf is no yardstick
-    for waiting), utilisation against the other uplinks of the same leaf. Downlinks carry their
-    node's job, so only their error counters are compared, with the other links of the leaf."""
+    """Leaf uplinks: PortXmitWait against every leaf uplink of the fleet (ECMP spreads load evenly,
+    and a congested leaf backs up all its uplinks at once, so its own leaf is no yardstick for
+    waiting) and utilisation against the other uplinks of the same leaf. Every other switch port
+    (downlinks carry their node's job; a spine's ports carry different leaves) is judged on its
+    error counters only, against the other ports of its switch on the same side."""
     m = F.port_matrix(at)
     if not len(m):
         return [], {AnomalyKind.PEER_LEAF}
     names = [f.name for f in m.features]
     det = PeerDeviation(min_delta=[PORT_MIN_DELTA[n] for n in names], scale_floor=[PORT_SCALE_FLOOR[n] for n in names],
                         z_threshold=Z_THRESHOLD).fit(m.X)
-    up = m.context["uplink"]
-    leaf = m.context["switch"].astype(str)
-    z_fleet, e_fleet = det.deviations(m.X, np.where(up, "uplinks", leaf))
-    z_leaf, e_leaf = det.deviations(m.X, np.char.add(leaf, np.where(up, "/up", "/down")))
-    util = names.index("link_util")
-    z, expected = z_fleet.copy(), e_fleet.copy()
-    z[:, util], expected[:, util] = np.where(up, z_leaf[:, util], 0.0), e_leaf[:, util]
+    leaf_up = m.context["uplink"] & m.context["leaf"]
+    side = np.char.add(m.context["switch"].astype(str), np.where(m.context["uplink"], "/up", "/down"))
+    z_fleet, e_fleet = det.deviations(m.X, np.where(leaf_up, "leaf uplinks", side))
+    z_side, e_side = det.deviations(m.X, side)
+    util, wait = names.index("link_util"), names.index("xmit_wait")
+    z, expected = z_side.copy(), e_side.copy()
+    z[:, wait], expected[:, wait] = np.where(leaf_up, z_fleet[:, wait], 0.0), e_fleet[:, wait]
+    z[:, util] = np.where(leaf_up, z_side[:, util], 0.0)
     z = np.where(m.X > expected, z, 0.0)  # a quiet link is not a problem; a busy or erroring one is
     out = []
-    for basis, rows in (("uplinks of the fleet", up), ("links on its leaf", ~up)):
+    for basis, rows in (("leaf uplinks", leaf_up), ("ports on its switch", ~leaf_up)):
         sub = F.Matrix(m.ids[rows], m.X[rows], m.features, {k: v[rows] for k, v in m.context.items()})
         out += _flag(sub, z[rows], expected[rows], AnomalyKind.PEER_LEAF, basis)
     return out, {AnomalyKind.PEER_LEAF}

@@ -106,10 +106,17 @@ def open_anomaly_counts() -> dict[str, int]:
     return {kind: counts.get(kind, 0) for kind in AnomalyKind.values}
 
 
+def scoring_times() -> dict:
+    """When the detectors and the failure model last scored (ISO UTC, None if never), so an empty
+    list reads as "healthy", not "never looked"."""
+    times = EntityScore.objects.aggregate(anomaly=Max("anomaly_at"), risk=Max("risk_at"))
+    return {name: iso_utc(at) if at else None for name, at in times.items()}
+
+
 def _open_first(qs: QuerySet, limit: int) -> list[dict]:
     """Open events first (what needs a look now), then the closed ones, each newest first."""
     is_open = ExpressionWrapper(Q(ended_at=None), output_field=BooleanField())
-    return [_row(a) for a in qs.annotate(is_open=is_open).order_by("-is_open", "-started_at")[:limit]]
+    return [_row(a) for a in qs.annotate(open_now=is_open).order_by("-open_now", "-started_at")[:limit]]
 
 
 def entity_events(entity_kind: str, entity_id: str, limit: int = 20) -> list[dict]:

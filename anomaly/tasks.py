@@ -26,8 +26,9 @@ def score(now: str | None = None) -> dict:
 
 @shared_task(name="anomaly.tasks.train_models", acks_late=True, autoretry_for=(OperationalError,), max_retries=3,
              retry_backoff=60)
-def train_models(now: str | None = None) -> dict:
-    """Retrain every model kind that has enough data; promote each only if no worse on its holdout."""
+def train_models(now: str | None = None, missing_only: bool = False) -> dict:
+    """Retrain every model kind that has enough data (or only kinds with no active version);
+    promote each only if no worse on its holdout."""
     from anomaly.lifecycle import train_all
 
-    return train_all(_parse_now(now))
+    return train_all(_parse_now(now), missing_only=missing_only)

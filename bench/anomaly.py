@@ -91,16 +91,15 @@ def naive_peer_seconds(m, slice_n: int = 2048) -> float:
     return (time.process_time() - t) * len(m) / slice_n
 
 
-def db_pass(gpus: int) -> None:
+def db_pass(gpus: int, keep: bool = False) -> None:
     """score_fleet end to end on a scratch database filled by the simulator through ingest."""
     import subprocess
     from datetime import timedelta
 
     from _common import daphne_server, drop_database, recreate_database
 
-    url = scratch_database_url("anomaly")
+    url = os.environ["DATABASE_URL"]  # main() set Django up on the scratch database
     recreate_database(url)
-    setup_django(url)
     from django.utils import timezone
 
     from anomaly.scoring import score_fleet
@@ -113,18 +112,20 @@ def db_pass(gpus: int) -> None:
             say(f"simulating {gpus:,} GPUs (topology import + 2 ticks through ingest)")
             subprocess.run([sys.executable, "manage.py", "simulate", "--server", server, "--token", token, "--gpus",
                             str(gpus), "--backfill", "2", "--once", "--interval", "60"], cwd=REPO, env=os.environ,
-                           check=True, stdout=subprocess.DEVNULL)
+                           check=True)
         now = timezone.now()
         run_rollups(now + timedelta(minutes=2))
         at = (now + timedelta(minutes=2)).replace(second=0, microsecond=0)
         for i in range(3):
             out = score_fleet(at)
-            say(f"score_fleet pass {i + 1}: {out['ms']:.0f} ms wall, parts {out['timings']}, {out['findings']} findings")
+            say(f"score_fleet pass {i + 1}: {out['ms']:.0f} ms wall, parts {out['timings']}, "
+                f"{out['findings']} findings")
     finally:
         from django.db import connections
 
         connections.close_all()
-        drop_database(url)
+        if not keep:
+            drop_database(url)
 
 
 def main() -> None:
@@ -132,8 +133,11 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=16384)
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--no-db", action="store_true", help="skip the end-to-end pass on a scratch database")
+    ap.add_argument("--keep-db", action="store_true", help="keep the scratch database afterwards (to investigate)")
     args = ap.parse_args()
-    setup_django(os.environ["DATABASE_URL"])
+    # Django is set up on the scratch database from the start (a second setup would be ignored); the
+    # pure part below never touches it.
+    setup_django(scratch_database_url("anomaly"))
     from threadpoolctl import threadpool_limits
 
     from anomaly.scoring import gpu_findings
@@ -154,7 +158,7 @@ def main() -> None:
         naive = naive_peer_seconds(m)
         say(f"baseline (per-GPU loop, peer comparison alone): {naive:.2f} s CPU for {args.gpus:,} GPUs")
     if not args.no_db:
-        db_pass(args.gpus)
+        db_pass(args.gpus, keep=args.keep_db)
     best = min(times)
     result("anomaly", "score_s", best, TARGET_S, best <= TARGET_S and len(hit) == 3,
            baseline_peer_loop_s=f"{naive:.2f}", planted_found=f"{len(hit)}/3")

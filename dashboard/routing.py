@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from dashboard.consumers import fabric, facility, fleet, heatmap, inventory, jobs
+from dashboard.consumers import anomalies, fabric, facility, fleet, heatmap, inventory, jobs
 
 websocket_urlpatterns = [
     path("ws/fleet/", fleet.FleetConsumer.as_asgi()),
@@ -11,4 +11,5 @@ websocket_urlpatterns = [
     path("ws/series/", inventory.SeriesConsumer.as_asgi()),
     path("ws/fabric/", fabric.FabricConsumer.as_asgi()),
     path("ws/facility/", facility.FacilityConsumer.as_asgi()),
+    path("ws/anomalies/", anomalies.AnomalyConsumer.as_asgi()),
 ]

@@ -159,6 +159,9 @@ CELERY_BEAT_SCHEDULE = {
     # Detectors and failure risk every minute; every model retrained daily (anomaly app).
     "anomaly-score": {"task": "anomaly.tasks.score", "schedule": timedelta(minutes=1)},
     "anomaly-train": {"task": "anomaly.tasks.train_models", "schedule": timedelta(days=1)},
+    # A new site gets its first models as soon as it has the history for them, not a day later.
+    "anomaly-train-missing": {"task": "anomaly.tasks.train_models", "schedule": timedelta(minutes=10),
+                              "kwargs": {"missing_only": True}},
 }
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -11,7 +11,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_array, check_is_fitted
 
-from anomaly.detectors._robust import MAD_TO_SIGMA, grouped_median_mad, robust_z, z_to_score
+from anomaly.detectors._robust import MAD_TO_SIGMA, _quiet, grouped_median_mad, robust_z, z_to_score
 
 
 class PeerDeviation(BaseEstimator):
@@ -44,7 +44,7 @@ class PeerDeviation(BaseEstimator):
             raise ValueError(f"min_peers must be at least 2, got {self.min_peers}")
         if self.z_threshold <= 0 or self.floor_fraction < 0:
             raise ValueError("z_threshold must be positive and floor_fraction non-negative")
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), _quiet():
             med = np.nanmedian(X, axis=0)
             scale = np.nanmedian(np.abs(X - med), axis=0) * MAD_TO_SIGMA
         self.scale_ = np.nan_to_num(scale, nan=0.0)
@@ -63,8 +63,8 @@ class PeerDeviation(BaseEstimator):
             raise ValueError(f"groups has {len(groups)} entries for {len(X)} rows")
         med, mad, size = grouped_median_mad(X, groups)
         z = robust_z(X, med, mad, self.floor_)
-        z[size < self.min_peers] = np.nan
         z[np.abs(X - med) < self.min_delta_] = 0.0
+        z[size < self.min_peers] = np.nan
         return z, med
 
     def score_samples(self, X, groups) -> np.ndarray:

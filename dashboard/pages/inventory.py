@@ -15,6 +15,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
+from dashboard.pages import anomalies  # a module import: anomalies imports this module too
 from telemetry import selectors
 from telemetry.models import GpuEventKind, HealthState
 
@@ -114,6 +115,7 @@ def gpu_detail(request, uuid: str):
         "gpu": gpu, "sample_time": when(gpu["sample_time"]), "health_label": HealthState(gpu["health"]).label,
         "events": event_rows(selectors.gpu_events(gpu_uuid=gpu["uuid"], limit=EVENTS_LIMIT)),
         "history": _history_rows(selectors.allocation_history(gpu_id=gpu["id"])),
+        "anomalies": anomalies.gpu_section(gpu["uuid"]),
     })
 
 
@@ -131,6 +133,7 @@ def node_detail(request, hostname: str):
     return render(request, "node.html", {
         "node": node, "health_label": HealthState(node["health"]).label,
         "history": _history_rows(selectors.allocation_history(node_id=node["id"])),
+        "anomalies": anomalies.node_section(node["hostname"]),
     })
 
 
@@ -150,6 +153,7 @@ def port_detail(request, port_id: int):
         "detail": detail, "port": detail["port"], "peer": detail["peer"], "values": values,
         "sample_time": when(detail["latest"]["time"]), "rate_bucket": when(detail["rates"]["bucket"]),
         "utilization": {k: value_text(v, "%") for k, v in detail["utilization"].items()},
+        "anomalies": anomalies.port_section(port_id),
     })
 
 

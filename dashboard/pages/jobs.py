@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
+from dashboard.pages.anomalies import job_section
 from telemetry.selectors.jobs import get_job
 
 
@@ -23,4 +24,4 @@ def job_detail(request, key: str):
     job = get_job(key) if ":" in key else None
     if job is None:
         return render(request, "job.html", {"key": key, "job": None}, status=404)
-    return render(request, "job.html", {"key": key, "job": job})
+    return render(request, "job.html", {"key": key, "job": job, "anomalies": job_section(key)})

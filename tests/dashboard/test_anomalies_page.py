@@ -1,0 +1,219 @@
+"""The Anomalies page, the drill-down pages' "Anomalies and risk" section, and the live consumer.
+
+Anomaly rows are made by hand at fixed times around FIXED_NOW on the drill-down tests' topology
+(tests/fixtures/topology/good.yaml), as the detectors and the failure model would write them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+
+from anomaly.models import Anomaly, AnomalyKind, EntityScore
+from dashboard.pages import anomalies as page
+from telemetry.models import Job, JobState
+from tests.conftest import FIXED_NOW
+from tests.dashboard.conftest import ws_communicator
+from tests.dashboard.test_drilldown_pages import GPU_0, GPU_2, _hca, cluster  # noqa: F401  (fixture)
+
+NOW = FIXED_NOW
+H = timedelta(hours=1)
+TICK = {"type": "telemetry.tick", "at": "x"}
+TEMP = {"field": "mem_temp", "label": "memory temperature", "value": 84.5, "expected": 71.0, "deviation": 6.2,
+        "basis": "peers in node"}
+POWER = {"field": "power_w", "label": "power", "value": 512.0, "expected": 480.0, "deviation": 3.1,
+         "basis": "peers in node"}
+STEP = {"field": "step_time_s", "label": "step time", "value": 1.6, "expected": 1.0, "deviation": 8.4,
+        "basis": "gang median"}
+
+
+def anomaly(kind: str, entity_kind: str, entity_id: str, host: str, start, end=None, **kw) -> Anomaly:
+    score = kw.pop("score", 0.8)
+    return Anomaly.objects.create(kind=kind, entity_kind=entity_kind, entity_id=entity_id, host=host,
+                                  started_at=start, last_seen=end or NOW - timedelta(minutes=5), ended_at=end,
+                                  score=score, last_score=score, **kw)
+
+
+@pytest.fixture
+def events(db) -> dict[str, Anomaly]:
+    """Open: a GPU's peer anomaly, its failure risk, a straggling rank. Closed: a divergence within
+    the last 24 h, a port's peer anomaly within 7 d, a GPU's baseline anomaly 9 days ago."""
+    return {
+        "gpu": anomaly(AnomalyKind.PEER_NODE, "gpu", GPU_2, "gpu-0001", NOW - 2 * H, score=0.91,
+                       summary="memory temperature +6.2σ vs peers in node", contributions=[TEMP, POWER]),
+        "risk": anomaly(AnomalyKind.FAILURE_RISK, "gpu", GPU_2, "gpu-0001", NOW - H, score=0.23,
+                        summary="23% risk of failure within 24 h: memory temperature high"),
+        "rank": anomaly(AnomalyKind.STRAGGLER, "rank", "slurm:100#5", "gpu-0002", NOW - 3 * H, score=0.7,
+                        summary="step time +8.4σ vs gang median (1.60× over 8 ranks)", contributions=[STEP]),
+        "div": anomaly(AnomalyKind.DIVERGENCE, "job", "slurm:100", "gpu-0002", NOW - 4 * H, NOW - H,
+                       summary="loss rising 3 evaluations in a row"),
+        "port": anomaly(AnomalyKind.PEER_LEAF, "port", "77", "gpu-0001", NOW - 30 * H, NOW - 26 * H,
+                        summary="symbol errors +5.0σ vs links on its leaf"),
+        "old": anomaly(AnomalyKind.BASELINE, "gpu", GPU_0, "gpu-0001", NOW - 240 * H, NOW - 216 * H,
+                       summary="gpu temperature +4.0σ vs own baseline"),
+    }
+
+
+@pytest.fixture
+def operator(client, django_user_model, monkeypatch):
+    """A signed-in operator, with the page's clock pinned to FIXED_NOW."""
+    monkeypatch.setattr(page, "now", lambda: NOW)
+    client.force_login(django_user_model.objects.create_user("operator", password="pw-operator-1"))
+    return client
+
+
+def listed(client, query: str = "") -> list[int]:
+    response = client.get(f"/anomalies/{query}")
+    assert response.status_code == 200
+    return [int(i) for i in re.findall(r'<tr class="bw-anom-row" data-id="(\d+)"', response.content.decode())]
+
+
+def ids(events: dict, *names: str) -> list[int]:
+    return [events[n].pk for n in names]
+
+
+# --- the page --------------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_anomalies_page_redirects_anonymous_to_login(client):
+    response = client.get("/anomalies/?state=7d")
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("query", "expected"), [
+    ("", ["risk", "gpu", "rank"]),  # open now, newest first
+    ("?state=24h", ["risk", "gpu", "rank", "div"]),
+    ("?state=7d", ["risk", "gpu", "rank", "div", "port"]),
+    ("?state=7d&kind=straggler", ["rank"]),
+    ("?state=7d&q=gpu-0001", ["risk", "gpu", "port"]),
+    ("?state=open&q=MEMORY+temperature", ["risk", "gpu"]),
+    ("?state=24h&q=slurm:100&kind=", ["rank", "div"]),
+])
+def test_anomalies_filters_select_by_state_kind_and_text(operator, events, query, expected):
+    assert listed(operator, query) == ids(events, *expected)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("query", "name", "value"), [
+    ("?state=forever", "state", "forever"), ("?kind=psychic", "kind", "psychic"), (f"?q={'x' * 101}", "q", "xxx"),
+])
+def test_anomalies_bad_filter_is_400_naming_it(operator, query, name, value):
+    response = operator.get(f"/anomalies/{query}")
+    assert response.status_code == 400
+    error = re.search(r'id="bw-anom-error">([^<]*)<', response.content.decode()).group(1)
+    assert error.startswith(f"Bad filter {name}=") and value in error
+
+
+@pytest.mark.django_db
+def test_anomalies_page_explains_each_row_and_charts_open_kinds(operator, events):
+    response = operator.get("/anomalies/")
+    html = response.content.decode()
+    chips = re.findall(r'<span class="bw-anom-chip" data-level="(\w+)" style="--dev: (#\w+)">([^<]*)</span>', html)
+    assert chips == [
+        ("high", "#d55e00", "memory temperature 84.5 (expected 71) +6.2σ vs peers in node"),
+        ("medium", "#e69f00", "power 512 (expected 480) +3.1σ vs peers in node"),
+        ("high", "#d55e00", "step time 1.6 (expected 1) +8.4σ vs gang median"),
+    ]
+    for part in ("memory temperature +6.2σ vs peers in node", f'href="/gpus/{GPU_2}/"', 'href="/jobs/slurm:100/"',
+                 "slurm:100 rank 5", 'href="/nodes/gpu-0001/"', "23.0%", "0.91", "Against the GPUs in its node"):
+        assert part in html, part
+    figure = json.loads(re.search(r'id="bw-anom-figure" type="application/json">(.*?)</script>', html, re.S)[1])
+    bars = dict(zip(figure["data"][0]["y"], figure["data"][0]["x"], strict=True))
+    assert bars == {label: {"peer_node": 1, "failure_risk": 1, "straggler": 1}.get(kind, 0)
+                    for kind, label in AnomalyKind.choices}
+    assert response.context["open_total"] == 3
+    assert '<p class="bw-small" id="bw-anom-scored">Anomaly scoring has not run yet.</p>' in html
+
+
+# --- the drill-down sections -------------------------------------------------------------------------
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("cluster")
+def test_gpu_page_shows_its_risk_and_anomaly_explanation(operator, events):
+    EntityScore.objects.create(entity_kind="gpu", entity_id=GPU_2, anomaly_score=0.91, anomaly_at=NOW - 5 * H / 60,
+                               failure_risk=0.2345, risk_at=NOW - H, risk_version=3)
+    html = operator.get(f"/gpus/{GPU_2}/").content.decode()
+    section = html[html.index('id="bw-anomalies"'):]
+    assert "23.4% (failure model v3, scored 2026-11-30 11:00:00 UTC)" in section
+    assert "0.91 (scored 2026-11-30 11:55:00 UTC)" in section
+    assert "memory temperature 84.5 (expected 71) +6.2σ vs peers in node" in section
+    # Its two events, open ones first and newest first; not the other GPU's.
+    assert re.findall(r'data-id="(\d+)"', section) == [str(i) for i in ids(events, "risk", "gpu")]
+    other = operator.get(f"/gpus/{GPU_0}/").content.decode()
+    assert "<dt>Failure risk</dt><dd>not scored</dd>" in other and "gpu temperature +4.0σ" in other
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("cluster")
+def test_node_and_port_pages_show_their_events(operator, events):
+    port = _hca("gpu-0001", "mlx5_0/1")
+    Anomaly.objects.filter(pk=events["port"].pk).update(entity_id=str(port.id))
+    EntityScore.objects.create(entity_kind="gpu", entity_id=GPU_2, failure_risk=0.5, risk_at=NOW, risk_version=2)
+    node = operator.get("/nodes/gpu-0001/").content.decode()
+    section = node[node.index('id="bw-anomalies"'):]
+    assert f'<dt><a href="/gpus/{GPU_2}/">GPU 2</a></dt><dd>50.0% (failure model v2' in section
+    assert re.findall(r'data-id="(\d+)"', section) == [str(i) for i in ids(events, "risk", "gpu", "port", "old")]
+    port_html = operator.get(f"/ports/{port.id}/").content.decode()
+    assert "symbol errors +5.0σ vs links on its leaf" in port_html and "<dd>none now</dd>" in port_html
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("cluster")
+def test_job_page_shows_a_straggling_ranks_event(operator, events):
+    Job.objects.create(source="slurm", external_id="100", name="llm-pretrain", user="alice", account="ml",
+                       state=JobState.RUNNING, submit_time=NOW - 5 * H, start_time=NOW - 4 * H)
+    html = operator.get("/jobs/slurm:100/").content.decode()
+    section = html[html.index('id="bw-anomalies"'):]
+    assert "<dt>Straggling now</dt><dd>rank 5</dd>" in section
+    assert "step time +8.4σ vs gang median (1.60× over 8 ranks)" in section and "slurm:100 rank 5" in section
+    assert re.findall(r'data-id="(\d+)"', section) == [str(i) for i in ids(events, "rank", "div")]
+
+
+# --- the live consumer ---------------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_anomalies_consumer_pushes_the_list_again_after_a_new_event_and_a_tick(session_cookie, events):
+    async def scenario():
+        ws = ws_communicator("/ws/anomalies/", session_cookie)
+        assert (await ws.connect())[0]
+        await ws.send_json_to({"subscribe": "anomalies", "sub": 4, "state": "open", "kind": "", "q": ""})
+        first = await ws.receive_json_from(timeout=5)
+        await ws.send_input(TICK)  # nothing changed: nothing sent
+        quiet = await ws.receive_nothing(timeout=0.5)
+        # What a scoring pass commits: a new event, and the fleet row that says when it ran.
+        new = await sync_to_async(anomaly)(AnomalyKind.COHORT, "gpu", GPU_0, "gpu-0001", NOW - 0.1 * H,
+                                           summary="gpu temperature +5.1σ vs H100 cohort")
+        await sync_to_async(EntityScore.objects.create)(entity_kind="fleet", entity_id="*", anomaly_at=NOW)
+        await ws.send_input(TICK)
+        second = await ws.receive_json_from(timeout=5)
+        await ws.send_json_to({"subscribe": "anomalies", "sub": 5, "kind": "psychic"})
+        refused = await ws.receive_json_from(timeout=5)
+        await ws.disconnect()
+        return first, quiet, new, second, refused
+
+    first, quiet, new, second, refused = async_to_sync(scenario)()
+
+    assert (first["type"], first["sub"], first["seq"]) == ("anomalies", 4, 1)
+    assert [r["id"] for r in first["rows"]] == ids(events, "risk", "gpu", "rank") and first["open_total"] == 3
+    assert quiet is True
+    assert [r["id"] for r in second["rows"]] == [new.pk, *ids(events, "risk", "gpu", "rank")]
+    assert second["rows"][0]["summary"] == "gpu temperature +5.1σ vs H100 cohort" and second["open_total"] == 4
+    assert second["scored_text"] == "Detectors last ran 2026-11-30 12:00:00 UTC; no failure model has scored yet."
+    assert dict(zip(second["figure"]["data"][0]["y"], second["figure"]["data"][0]["x"], strict=True))[
+        AnomalyKind.COHORT.label] == 1
+    assert refused["type"] == "error" and "kind='psychic'" in refused["message"]
+
+
+def test_anomalies_consumer_closes_anonymous_with_4401():
+    async def scenario():
+        ws = ws_communicator("/ws/anomalies/")
+        connected, code = await ws.connect()
+        await ws.disconnect()
+        return connected, code
+
+    assert async_to_sync(scenario)() == (False, 4401)
