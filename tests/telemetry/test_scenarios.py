@@ -25,10 +25,11 @@ INTERVAL = 10
 THERMAL = REASON_HW_THERMAL | REASON_SW_THERMAL
 
 
-def _run(gpus: int, specs: list[str], ticks: int, *, speed: float = 10.0, seed: int = 3, truth=None):
+def _run(gpus: int, specs: list[str], ticks: int, *, speed: float = 10.0, seed: int = 3, truth=None,
+         interval: float = INTERVAL):
     scenarios = ScenarioSet([parse_spec(s) for s in specs], seed=seed, speed=speed, truth=truth)
     cluster = Cluster.build(gpus, seed=seed, scenarios=scenarios)
-    out = [cluster.step(FIXED_NOW + timedelta(seconds=INTERVAL * k)) for k in range(ticks)]
+    out = [cluster.step(FIXED_NOW + timedelta(seconds=interval * k)) for k in range(ticks)]
     return cluster, scenarios, out
 
 
@@ -75,7 +76,8 @@ def test_unknown_entity_is_refused():
 
 # --- each scenario's telemetry ------------------------------------------------------------------
 def test_gpu_degrading_goes_sbe_remaps_dbe_xid48_then_falls_off_the_bus():
-    _, scenarios, ticks = _run(64, ["gpu-degrading"], 32)
+    # 60x: the three-hour story plays in 180 s, 18 ticks of 10 s.
+    _, scenarios, ticks = _run(64, ["gpu-degrading"], 24, speed=60)
     truth = scenarios.records[0]
     series = _gpu_series(ticks, truth["entity"])
     alive = [f for f in series if f is not None]
@@ -92,6 +94,21 @@ def test_gpu_degrading_goes_sbe_remaps_dbe_xid48_then_falls_off_the_bus():
     (event,) = _events(ticks)
     assert (event["gpu_uuid"], event["kind"], event["code"], event["source"]) == (truth["entity"], "xid", 79, "kmsg")
     assert "events" in ticks[gone].body(next(b for b in ticks[gone].batches if b["events"]))
+
+
+def test_gpu_degrading_warns_at_least_an_hour_before_its_first_uncorrectable_error():
+    # Real time (speed 1), one-minute ticks: the precursors must lead the DBE by hours, not minutes.
+    _, scenarios, ticks = _run(64, ["gpu-degrading"], 200, speed=1.0, interval=60)
+    truth = scenarios.records[0]
+    stages = {name: _at(at) for name, at in truth["details"]["stages"].items()}
+    alive = [(t.time, f) for t, f in zip(ticks, _gpu_series(ticks, truth["entity"]), strict=True) if f is not None]
+    first_sbe_jump = next(t for t, f in alive if f["ecc_sbe_vol"] - alive[0][1]["ecc_sbe_vol"] >= 5)
+    first_remap = next(t for t, f in alive if f["remapped_rows_correctable"] > alive[0][1]["remapped_rows_correctable"])
+    first_dbe = next(t for t, f in alive if f["ecc_dbe_vol"] > 0)
+    assert first_dbe == stages["xid48_dbe"] and _at(truth["fails_at"]) - first_dbe == timedelta(minutes=45)
+    assert first_dbe - first_sbe_jump >= timedelta(hours=2)
+    assert first_dbe - first_remap >= timedelta(hours=1)
+    assert alive[-1][0] < _at(truth["fails_at"]) <= ticks[len(alive)].time
 
 
 def test_cooling_failure_throttles_only_the_affected_row():
@@ -252,11 +269,11 @@ def test_two_scenarios_on_the_largest_cluster_build_within_the_tick_budget():
 def test_simulate_with_scenarios_leaves_xid_48_and_79_events_on_the_truth_gpu(live_server, tmp_path):
     token = do_create_collector_token("scenario-test")
     truth = tmp_path / "truth.jsonl"
-    # 400x: XID 48 lands 5.25 s and XID 79 6.75 s after the first tick, on different 2 s ticks.
+    # 1500x: XID 48 lands 5.4 s and XID 79 7.2 s after the first tick, on different 2 s ticks.
     call_command("simulate", "--server", live_server.url, "--token", token, "--gpus", "64", "--seed", "9",
                  "--interval", "2", "--ticks", "5", "--scenario", "gpu-degrading@0",
                  "--scenario", "fallen-off-bus@0", "--scenario", "divergence@0",
-                 "--scenario-speed", "400", "--truth", str(truth))
+                 "--scenario-speed", "1500", "--truth", str(truth))
     records = [orjson.loads(x) for x in truth.read_bytes().splitlines()]
     degrading = next(r for r in records if r["scenario"] == "gpu-degrading")
     codes = set(GpuEvent.objects.filter(gpu__uuid=degrading["entity"], kind="xid").values_list("code", flat=True))

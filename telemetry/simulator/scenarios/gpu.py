@@ -46,13 +46,16 @@ class _GpuScenario(Scenario):
 
 
 class GpuDegrading(_GpuScenario):
-    """Failing HBM: single-bit errors climb, rows are remapped (correctable, then one that
-    cannot be), a double-bit error raises XID 48, and finally the GPU falls off the bus."""
+    """Failing HBM over three hours, the way real degradation shows itself hours ahead:
+    single-bit errors climb from the start, correctable rows are remapped from the first hour,
+    at two hours a row cannot be remapped, a double-bit error raises XID 48 at 2 h 15, and
+    at three hours the GPU falls off the bus. A failure model that watches the SBE trend and
+    the remaps can therefore warn two hours before the first uncorrectable error."""
 
     name = "gpu-degrading"
-    REMAP_AT, REMAP_EVERY = 10 * MINUTE, 3 * MINUTE
-    UNCORRECTABLE_AT, DBE_AT = 25 * MINUTE, 35 * MINUTE
-    fails_after_s = 45 * MINUTE
+    REMAP_AT, REMAP_EVERY = 60 * MINUTE, 10 * MINUTE
+    UNCORRECTABLE_AT, DBE_AT = 120 * MINUTE, 135 * MINUTE
+    fails_after_s = 180 * MINUTE
     SBE_PER_MIN = (0.5, 20.0)  # at the start, and by the double-bit error
 
     def choose(self, taken: set[int]) -> None:
