@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from django.utils import timezone
+from sklearn.exceptions import NotFittedError
 
 from anomaly.actions import do_record_findings, do_store_risks
 from anomaly.failure import (
@@ -54,7 +55,7 @@ from anomaly.failure import (
 from anomaly.failure_data import EVENT_LOOKBACK, Progress, build_training_frame, load_events, load_history
 from anomaly.findings import Contribution, Finding
 from anomaly.models import AnomalyKind, ModelKind, ModelVersion
-from anomaly.registry import Promotion, do_promote_version, do_register_version, load_active
+from anomaly.registry import Promotion, do_promote_version, do_record_holdout, do_register_version, load_active
 from telemetry.models import Gpu
 
 logger = logging.getLogger(__name__)
@@ -155,13 +156,13 @@ def _judge_active(active, holdout: FailureFrame, X_full: np.ndarray, horizon_s: 
     version, model = active
     try:
         figures = _evaluate(model, version.features, holdout, X_full, horizon_s)
-    except (KeyError, ValueError) as exc:  # features this code no longer computes: not comparable
+    except (KeyError, ValueError, AttributeError, NotFittedError) as exc:
+        # Features this code no longer computes, or an artefact saved by older code: not comparable.
         logger.warning("failure v%s cannot be scored on the new holdout: %s", version.version, exc)
+        do_record_holdout(version, None, why=str(exc))
         return {"version": version.version, "error": str(exc)}
-    refreshed = {k: v for k, v in version.metrics.items() if k != "previous"}
-    ModelVersion.objects.filter(pk=version.pk).update(metrics={
-        **version.metrics, **figures, "holdout_start": candidate["holdout_start"],
-        "holdout_end": candidate["holdout_end"], "previous": refreshed})
+    do_record_holdout(version, {**figures, "holdout_start": candidate["holdout_start"],
+                                "holdout_end": candidate["holdout_end"]})
     return {"version": version.version, **figures}
 
 

@@ -45,9 +45,7 @@ def train_cohort_model(now: datetime, *, hours: float = COHORT_HOURS, force: boo
     metrics = {"primary": "holdout_flag_rate", "higher_is_better": False, "holdout_flag_rate": rate,
                "train_rows": int(len(train)), "holdout_rows": int(len(holdout)),
                "cohorts": sorted(det.forests_)}
-    active = _active_rate_on(X[holdout], cohorts[holdout])
-    if active is not None:
-        metrics["active_holdout_flag_rate"] = active  # the active model, judged on the same rows
+    _judge_active_cohort(X[holdout], cohorts[holdout], metrics)
     version = do_register_version("cohort", det, params=params, features=[f.name for f in F.GPU_FEATURES],
                                   metrics=metrics, train_start=now - timedelta(hours=hours), train_end=now, now=now)
     return do_promote_version(version, force=force, now=now)
@@ -63,13 +61,25 @@ def _newest_share(ids: np.ndarray, share: float) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
-def _active_rate_on(X: np.ndarray, cohorts: np.ndarray) -> float | None:
-    from anomaly.registry import load_active
+def _judge_active_cohort(X: np.ndarray, cohorts: np.ndarray, metrics: dict) -> None:
+    """Measure the active cohort model on the candidate's holdout and record it on both, so
+    promotion compares the two on the same rows."""
+    from sklearn.exceptions import NotFittedError
+
+    from anomaly.registry import do_record_holdout, load_active
 
     active = load_active("cohort")
     if active is None or not len(X):
-        return None
-    return float(active[1].predict(X, cohorts).mean())
+        return
+    version, model = active
+    try:
+        rate = float(model.predict(X, cohorts).mean())
+    except (AttributeError, NotFittedError, ValueError) as exc:  # saved by older code: not comparable
+        do_record_holdout(version, None, why=f"cannot score the new holdout: {exc}")
+        metrics["versus"] = {"version": version.version, "error": str(exc)}
+        return
+    do_record_holdout(version, {"holdout_flag_rate": rate, "holdout_rows": int(len(X))})
+    metrics["versus"] = {"version": version.version, "holdout_flag_rate": rate}
 
 
 def train_all(now: datetime, *, progress: Callable[[str], None] = logger.info, force: bool = False,

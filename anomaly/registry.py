@@ -64,6 +64,19 @@ def do_register_version(kind: str, estimator, *, params: dict, features: list[st
             artefact_sha256=hashlib.sha256(blob).hexdigest())
 
 
+def do_record_holdout(version: ModelVersion, figures: dict | None, *, why: str = "") -> None:
+    """Replace `version`'s holdout figures with ones measured on a newer holdout (the one a
+    candidate is judged on), keeping the old ones under "previous", so promotion compares both
+    versions on the same rows. `figures=None` means the version cannot be scored there (an
+    artefact from older code): its primary metric becomes unknown, and any candidate may replace it."""
+    old = {k: v for k, v in version.metrics.items() if k != "previous"}
+    if figures is None:
+        primary = version.metrics.get("primary")
+        figures = {primary: None, "not_comparable": why} if primary else {"not_comparable": why}
+    version.metrics = {**version.metrics, **figures, "previous": old}
+    ModelVersion.objects.filter(pk=version.pk).update(metrics=version.metrics)
+
+
 def _higher_is_better(metrics: dict) -> bool:
     return metrics.get("higher_is_better", True)
 

@@ -16,6 +16,7 @@ import time
 from datetime import datetime
 
 import numpy as np
+from sklearn.exceptions import NotFittedError
 
 from anomaly import features as F
 from anomaly.actions import do_record_findings
@@ -94,7 +95,10 @@ def gpu_findings(m: F.Matrix, *, baseline: SeasonalRobustBaseline | None, cohort
     if baseline is not None:
         found += _baseline_findings(m, baseline, hour)
     if cohort is not None:
-        found += _cohort_findings(m, cohort)
+        try:
+            found += _cohort_findings(m, cohort)
+        except NotFittedError as exc:  # an artefact saved by older code: retrain replaces it
+            logger.warning("the active cohort model cannot score (%s); run train_models", exc)
     return found
 
 
@@ -171,14 +175,18 @@ def _cohort_findings(m: F.Matrix, det) -> list[Finding]:
     rows = np.flatnonzero(flags)
     if not len(rows):
         return []
-    scores = det.score_samples(m.X[rows], m.context["cohort"][rows])
+    cohorts = m.context["cohort"][rows]
+    forest = det.score_samples(m.X[rows], cohorts) - np.array([det.thresholds_[str(c)] for c in cohorts])
+    dist = det.distances(m.X[rows], cohorts) / np.array([det.distance_thresholds_[str(c)] for c in cohorts]) - 1
+    # 0.5 at either threshold; 1 at 0.1 beyond the forest's, or twice the distance threshold.
+    scores = 0.5 + 0.5 * np.clip(np.maximum(forest / 0.1, dist), 0.0, 1.0)
     z, expected = det.deviations(m.X[rows], m.context["cohort"][rows])
     out = []
     for k, i in enumerate(rows):
         a = np.nan_to_num(np.abs(z[k]), nan=0.0)
         cohort = str(m.context["cohort"][i])
         out.append(Finding(AnomalyKind.COHORT, "gpu", str(m.context["uuid"][i]),
-                           float(min(1.0, 0.5 + (scores[k] - det.thresholds_[cohort]))), tuple(
+                           float(scores[k]), tuple(
             Contribution(m.features[j].name, m.features[j].label, m.X[i, j], expected[k, j], float(z[k, j]),
                          f"{cohort} cohort") for j in np.argsort(-a)[:TOP]), host=str(m.context["host"][i])))
     return out

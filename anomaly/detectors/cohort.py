@@ -91,7 +91,7 @@ class CohortIsolationForest(BaseEstimator):
 
     def distances(self, X, cohorts) -> np.ndarray:
         """Whitened distance from the cohort centre (HIGHER = MORE anomalous; NaN for unknown cohorts)."""
-        check_is_fitted(self, "forests_")
+        check_is_fitted(self, ["forests_", "distance_thresholds_"])
         X = check_array(X, ensure_all_finite="allow-nan")
         cohorts = np.asarray(cohorts).astype(str)
         out = np.full(len(X), np.nan)
@@ -109,7 +109,7 @@ class CohortIsolationForest(BaseEstimator):
         return np.nan_to_num((rows - self.center_[c]) / self.scale_[c], nan=0.0)
 
     def score_samples(self, X, cohorts) -> np.ndarray:
-        check_is_fitted(self, "forests_")
+        check_is_fitted(self, ["forests_", "whiten_"])
         X = check_array(X, ensure_all_finite="allow-nan")
         cohorts = np.asarray(cohorts).astype(str)
         out = np.full(len(X), np.nan)
