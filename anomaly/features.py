@@ -175,23 +175,38 @@ def gpu_context(ids: np.ndarray, at: datetime) -> dict[str, np.ndarray]:
     version = _inventory_version((Gpu, ("uuid", "node_id::text", "coalesce(model, '')")),
                                  (Node, ("hostname", "coalesce(rack_id, 0)::text")))
     info = _memo("gpu", version, _gpu_info)
-    jobs = _jobs_at(ids, at)
+    jobs, moving = _jobs_at(ids, at)
     cols = list(zip(*[info.get(int(i), ("", "", 0, None, "unknown")) for i in ids], strict=True)) or [()] * 5
     return {"uuid": np.array(cols[0], dtype=object), "host": np.array(cols[1], dtype=object),
             "node": np.array(cols[2], dtype=np.int64), "rack": np.array(cols[3], dtype=object),
             "cohort": np.array(cols[4], dtype=object),
-            "job": np.array([jobs.get(int(i), "") for i in ids], dtype=object)}
+            "job": np.array([jobs.get(int(i), "") for i in ids], dtype=object),
+            "settled": np.array([int(i) not in moving for i in ids], dtype=bool)}
 
 
-def _jobs_at(ids: np.ndarray, at: datetime) -> dict[int, str]:
-    """GPU id -> key of the job holding it at `at` (one scan of the allocations open then, rather
-    than an IN list of every GPU id)."""
+# A job's first minutes (loading data, compiling, warming up) look nothing like its steady state,
+# and not alike across its ranks either: its GPUs join their job's peer group after this long.
+JOB_SETTLE = timedelta(minutes=2)
+
+
+def _jobs_at(ids: np.ndarray, at: datetime) -> tuple[dict[int, str], set[int]]:
+    """({GPU id: job key} for GPUs that held the same job through the whole scoring window and its
+    settling time before, {GPU ids whose allocation changed in that span}). The features average
+    the window, so a GPU that changed jobs inside it belongs to neither job nor to the idle GPUs."""
+    start, end = score_window(at)
     with connection.cursor() as cur:
-        cur.execute(f"""SELECT a.gpu_id, j.source || ':' || j.external_id
+        cur.execute(f"""SELECT a.gpu_id, j.source || ':' || j.external_id,
+                               a.start <= %(from)s AND (a."end" IS NULL OR a."end" >= %(to)s)
                         FROM {Allocation._meta.db_table} a JOIN {Job._meta.db_table} j ON j.id = a.job_id
-                        WHERE a.gpu_id IS NOT NULL AND a.start <= %(at)s AND (a."end" IS NULL OR a."end" > %(at)s)""",
-                    {"at": at})
-        return dict(cur.fetchall())
+                        WHERE a.gpu_id IS NOT NULL AND a.start < %(to)s AND (a."end" IS NULL OR a."end" > %(from)s)""",
+                    {"from": start - JOB_SETTLE, "to": end})
+        stable, moving = {}, set()
+        for gpu, key, whole in cur.fetchall():
+            if whole:
+                stable[gpu] = key
+            else:
+                moving.add(gpu)
+    return {g: k for g, k in stable.items() if g not in moving}, moving
 
 
 def gpu_history(at: datetime, *, hours: float = 6.0, per_gpu: int = 12) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -104,7 +104,11 @@ def gpu_findings(m: F.Matrix, *, baseline: SeasonalRobustBaseline | None, cohort
 
 def gpu_peer_findings(m: F.Matrix) -> list[Finding]:
     """Peers in the node on the same job (or idle together); a GPU not flagged there is compared
-    with the GPUs of its job across nodes."""
+    with the GPUs of its job across nodes. GPUs that changed jobs during the window are left out:
+    their averages mix two workloads."""
+    if not m.context["settled"].all():
+        keep = m.context["settled"]
+        m = F.Matrix(m.ids[keep], m.X[keep], m.features, {k: v[keep] for k, v in m.context.items()})
     names = [f.name for f in m.features]
     det = PeerDeviation(min_delta=[GPU_MIN_DELTA[n] for n in names], scale_floor=[GPU_SCALE_FLOOR[n] for n in names],
                         z_threshold=Z_THRESHOLD).fit(m.X)

@@ -56,7 +56,7 @@ def synthetic_fleet(n: int, seed: int = 0):
     cohort = np.where(nodes % 4 == 0, "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3").astype(object)
     context = {"uuid": np.array([f"GPU-{i:08d}" for i in range(n)], dtype=object),
                "host": np.array([f"node-{k:05d}" for k in nodes], dtype=object), "node": nodes, "rack": nodes // 4,
-               "cohort": cohort, "job": jobs}
+               "cohort": cohort, "job": jobs, "settled": np.ones(n, dtype=bool)}
     return F.Matrix(np.arange(n, dtype=np.int64), X, F.GPU_FEATURES, context)
 
 

@@ -18,6 +18,7 @@ from tests.telemetry.factories import insert_rollup
 
 pytestmark = pytest.mark.django_db
 MIN = timedelta(minutes=1)
+SECOND = timedelta(seconds=1)
 AT = FIXED_NOW  # 12:00; the pass reads the buckets 11:57 and 11:58
 LEVELS = {"gpu_util_avg": 95.0, "sm_clock_avg": 1980.0, "mem_clock_avg": 2619.0, "gpu_temp_avg": 62.0,
           "memory_temp_avg": 70.0, "power_w_avg": 650.0, "fb_used_avg": 70000.0, "sm_active_avg": 0.8,
@@ -124,3 +125,14 @@ def test_the_score_command_and_task_run_a_pass(fleet, capsys):
     assert "no active failure model" in out
     result = score.apply(kwargs={"now": (AT + MIN).isoformat()}).get()
     assert result["detectors"]["extended"] == 1
+
+
+def test_gpus_that_changed_jobs_inside_the_window_are_not_compared_with_either_job(fleet):
+    # node-b's eight GPUs start a job at 11:57:30, inside the window the pass averages (11:57-11:59):
+    # half idle, half busy. Compared with idle peers or with the job's, they would all look odd.
+    job = Job.objects.create(source="slurm", external_id="5151", state="running", start_time=AT - 150 * SECOND)
+    for g in fleet[8:]:
+        Allocation.objects.create(job=job, node=g.node, gpu=g, gpu_index=g.index, start=AT - 150 * SECOND)
+    _minute(fleet, AT, {k: {"gpu_util_avg": 10.0 * (k - 7), "power_w_avg": 100.0 * (k - 7)} for k in range(8, 16)})
+    score_fleet(AT)
+    assert not Anomaly.objects.filter(host="node-b").exists()
