@@ -11,7 +11,7 @@ from tests.conftest import save_screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 PASSWORD = "correct-horse-battery"
-PAGES = ["/", "/racks/", "/nvlink/", "/fabric/", "/power/", "/jobs/", "/anomalies/", "/search/?q=gpu"]
+PAGES = ["/", "/racks/", "/nvlink/", "/fabric/", "/power/", "/jobs/", "/anomalies/", "/reliability/", "/search/?q=gpu"]
 SIZES = {"laptop": (1366, 768), "wall": (2560, 1440)}
 
 # Dash has finished its first round of callbacks when no component is loading any more.
