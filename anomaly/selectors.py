@@ -156,3 +156,11 @@ def host_gpu_risks(host: str) -> list[dict]:
             .order_by("-failure_risk").values_list("entity_id", "failure_risk", "risk_version", "risk_at"))
     return [{"uuid": u, "index": gpus[u], "risk": p, "version": v, "risk_at": iso_utc(at) if at else None,
              "url": f"/gpus/{u}/"} for u, p, v, at in rows]
+
+
+def fleet_survival():
+    """(version, report) of the active survival model (`manage.py fit_survival`), or None."""
+    from anomaly.models import ModelKind
+    from anomaly.registry import load_active
+
+    return load_active(ModelKind.SURVIVAL)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
-from anomaly.models import ModelKind
-from anomaly.registry import load_active
+from anomaly.selectors import fleet_survival
 from dashboard.staticfiles import DASH_ASSET_VERSION
 
 SCOPES = {"old": "Old batch (installed 2013-15)", "new": "New batch (installed 2016-19)", "all": "All GPUs"}
@@ -119,7 +118,7 @@ def km_sections(curves: dict, tests: dict, label: str) -> list[dict]:
 def reliability_context(scope: str) -> dict:
     """The active survival version shaped for the page; `report` is None when nothing is fitted."""
     base = {"scope": scope, "scopes": SCOPES, "plotly_version": DASH_ASSET_VERSION}
-    loaded = load_active(ModelKind.SURVIVAL)
+    loaded = fleet_survival()
     if loaded is None:
         return {**base, "report": None}
     version, report = loaded
