@@ -1,9 +1,9 @@
 """Feature matrices from the 1-minute rollups and the fault events, as of a given time.
 
 Per GPU (`GPU_FEATURES`, 20 columns): levels (utilisation, clocks, temperatures, power, memory,
-activity), counter rates per minute (SBE, PCIe replays, NVLink CRC/replay/recovery), whether a
-clock-limiting throttle reason was set, and the XID events of the last hour. Per port
-(`PORT_FEATURES`): link utilisation and the PortXmitWait and error rates. Everything is read with a
+activity), counter rates per minute (SBE, PCIe replays, NVLink CRC/replay/recovery), the time spent
+throttled (share of the window's minutes with a clock-costing throttle reason), and the XID events
+of the last hour. Per port (`PORT_FEATURES`): link utilisation and the PortXmitWait and error rates. Everything is read with a
 few set-based queries (no query per entity): scoring all GPUs of a 16k-GPU fleet reads ~32k
 rollup rows.
 
@@ -65,7 +65,7 @@ GPU_FEATURES: tuple[Feature, ...] = (
     _f("nvlink_crc_flit_errors", "rate", "NVLink CRC errors", "/min"),
     _f("nvlink_replay_errors", "rate", "NVLink replays", "/min"),
     _f("nvlink_recovery_errors", "rate", "NVLink recoveries", "/min"),
-    _f("throttle_reasons", "mask", "clock throttling", ""),
+    _f("throttle_reasons", "mask", "time throttled", "share"),
     Feature("xid_events", "", "xid", "XID events in the last hour"),
 )
 PORT_FEATURES: tuple[Feature, ...] = (
@@ -96,8 +96,8 @@ def _expr(f: Feature) -> str:
         return f"avg({f.column})"
     if f.how == "rate":
         return f"sum({f.column})::float8 / count(*)"
-    if f.how == "mask":
-        return f"(bit_or({f.column}) & {THROTTLE_MASK} <> 0)::int"
+    if f.how == "mask":  # share of the window's minutes with a clock-costing throttle reason
+        return f"avg(({f.column} & {THROTTLE_MASK} <> 0)::int)"
     if f.how == "util":  # bytes per minute over the link's bits per minute
         return f"sum({f.column})::float8 / count(*)"
     return "NULL"
