@@ -109,6 +109,8 @@ def gpu_peer_findings(m: F.Matrix) -> list[Finding]:
     if not m.context["settled"].all():
         keep = m.context["settled"]
         m = F.Matrix(m.ids[keep], m.X[keep], m.features, {k: v[keep] for k, v in m.context.items()})
+    if not len(m):
+        return []  # every GPU is changing jobs (a cluster filling up): nothing to compare yet
     names = [f.name for f in m.features]
     det = PeerDeviation(min_delta=[GPU_MIN_DELTA[n] for n in names], scale_floor=[GPU_SCALE_FLOOR[n] for n in names],
                         z_threshold=Z_THRESHOLD).fit(m.X)

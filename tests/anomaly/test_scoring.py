@@ -136,3 +136,11 @@ def test_gpus_that_changed_jobs_inside_the_window_are_not_compared_with_either_j
     _minute(fleet, AT, {k: {"gpu_util_avg": 10.0 * (k - 7), "power_w_avg": 100.0 * (k - 7)} for k in range(8, 16)})
     score_fleet(AT)
     assert not Anomaly.objects.filter(host="node-b").exists()
+
+
+def test_a_pass_where_every_gpu_is_still_settling_finds_nothing_and_does_not_fail(fleet):
+    Allocation.objects.update(start=AT - 150 * SECOND)  # node-a's job started inside the window
+    for g in fleet[8:]:
+        g.node.allocations.create(job=Job.objects.get(), gpu=g, gpu_index=g.index, start=AT - 150 * SECOND)
+    _minute(fleet, AT, {3: {"memory_temp_avg": 84.0}})
+    assert score_fleet(AT)["findings"] == 0
