@@ -3,9 +3,9 @@
 Per GPU (`GPU_FEATURES`, 20 columns): levels (utilisation, clocks, temperatures, power, memory,
 activity), counter rates per minute (SBE, PCIe replays, NVLink CRC/replay/recovery), the time spent
 throttled (share of the window's minutes with a clock-costing throttle reason), and the XID events
-of the last hour. Per port (`PORT_FEATURES`): link utilisation and the PortXmitWait and error rates. Everything is read with a
-few set-based queries (no query per entity): scoring all GPUs of a 16k-GPU fleet reads ~32k
-rollup rows.
+of the last hour. Per port (`PORT_FEATURES`): link utilisation and the PortXmitWait and error
+rates. Everything is read with a few set-based queries (no query per entity): scoring all GPUs of
+a 16k-GPU fleet reads ~32k rollup rows.
 
 "As of `at`" means the rollup buckets that ended at least a minute before `at` (their grace for
 late samples has passed) and no later, so the same call on the same data gives the same matrix
@@ -111,6 +111,19 @@ def _rollup_sql(kind: str, features: tuple[Feature, ...], *, per_bucket: bool) -
             f"WHERE bucket >= %(start)s AND bucket < %(end)s GROUP BY {key} ORDER BY {key}")
 
 
+# A GPU below this utilisation is idle: idle and busy GPUs of one model are separate cohorts, since
+# an idle GPU's clocks, power and memory look nothing like a busy one's and both states are normal.
+BUSY_UTIL = 10.0
+
+
+def state_cohorts(X: np.ndarray, models: np.ndarray) -> np.ndarray:
+    """Cohort of each row: its GPU model and whether it is busy or idle (from its own utilisation,
+    so training and scoring split rows the same way without reading the job ledger)."""
+    util = X[:, [f.name for f in GPU_FEATURES].index("gpu_util")]
+    busy = np.where(np.nan_to_num(util, nan=0.0) >= BUSY_UTIL, "busy", "idle")
+    return np.char.add(np.char.add(np.asarray(models).astype(str), " · "), busy).astype(object)
+
+
 def score_window(at: datetime) -> tuple[datetime, datetime]:
     end = at.replace(second=0, microsecond=0) - SETTLE
     return end - SCORE_WINDOW, end
@@ -211,7 +224,8 @@ def _jobs_at(ids: np.ndarray, at: datetime) -> tuple[dict[int, str], set[int]]:
 
 def gpu_history(at: datetime, *, hours: float = 6.0, per_gpu: int = 12) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Training rows for the cohort model: per-bucket features of the last `hours` before the
-    scoring window, at most `per_gpu` buckets per GPU (evenly spaced). Returns (X, gpu ids, cohorts)."""
+    scoring window, at most `per_gpu` buckets per GPU (evenly spaced). Returns (X, gpu ids, cohorts
+    as `state_cohorts` names them)."""
     start, end = score_window(at)
     params = {"start": end - timedelta(hours=hours), "end": start}
     with connection.cursor() as cur:
@@ -225,7 +239,7 @@ def gpu_history(at: datetime, *, hours: float = 6.0, per_gpu: int = 12) -> tuple
     keep = _thin(ids, per_gpu)
     ids, X = ids[keep], X[keep]
     models = dict(Gpu.objects.filter(pk__in=np.unique(ids).tolist()).values_list("pk", "model"))
-    return X, ids, np.array([models.get(int(i)) or "unknown" for i in ids], dtype=object)
+    return X, ids, state_cohorts(X, np.array([models.get(int(i)) or "unknown" for i in ids], dtype=object))
 
 
 def _thin(ids: np.ndarray, per: int) -> np.ndarray:

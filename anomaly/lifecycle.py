@@ -39,7 +39,10 @@ def train_cohort_model(now: datetime, *, hours: float = COHORT_HOURS, force: boo
     order = np.arange(len(X))
     holdout = _newest_share(ids, 1 / 6)
     train = np.setdiff1d(order, holdout)
-    params = {"n_estimators": 100, "max_samples": 256, "quantile": 0.001, "margin": 0.02, "random_state": 0}
+    from anomaly.scoring import GPU_SCALE_FLOOR
+
+    params = {"n_estimators": 100, "max_samples": 256, "quantile": 0.001, "margin": 0.02, "random_state": 0,
+              "scale_floor": [GPU_SCALE_FLOOR[f.name] for f in F.GPU_FEATURES]}
     det = CohortIsolationForest(**params).fit(X[train], cohorts[train])
     rate = float(det.predict(X[holdout], cohorts[holdout]).mean()) if len(holdout) else None
     metrics = {"primary": "holdout_flag_rate", "higher_is_better": False, "holdout_flag_rate": rate,

@@ -177,20 +177,20 @@ def _baseline_findings(m: F.Matrix, det: SeasonalRobustBaseline, hour: int) -> l
 
 
 def _cohort_findings(m: F.Matrix, det) -> list[Finding]:
-    flags = det.predict(m.X, m.context["cohort"])
-    rows = np.flatnonzero(flags)
+    every = F.state_cohorts(m.X, m.context["cohort"])
+    rows = np.flatnonzero(det.predict(m.X, every))
     if not len(rows):
         return []
-    cohorts = m.context["cohort"][rows]
+    cohorts = every[rows]
     forest = det.score_samples(m.X[rows], cohorts) - np.array([det.thresholds_[str(c)] for c in cohorts])
     dist = det.distances(m.X[rows], cohorts) / np.array([det.distance_thresholds_[str(c)] for c in cohorts]) - 1
     # 0.5 at either threshold; 1 at 0.1 beyond the forest's, or twice the distance threshold.
     scores = 0.5 + 0.5 * np.clip(np.maximum(forest / 0.1, dist), 0.0, 1.0)
-    z, expected = det.deviations(m.X[rows], m.context["cohort"][rows])
+    z, expected = det.deviations(m.X[rows], cohorts)
     out = []
     for k, i in enumerate(rows):
         a = np.nan_to_num(np.abs(z[k]), nan=0.0)
-        cohort = str(m.context["cohort"][i])
+        cohort = str(cohorts[k])
         out.append(Finding(AnomalyKind.COHORT, "gpu", str(m.context["uuid"][i]),
                            float(scores[k]), tuple(
             Contribution(m.features[j].name, m.features[j].label, m.X[i, j], expected[k, j], float(z[k, j]),

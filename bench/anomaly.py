@@ -64,7 +64,7 @@ def fitted(m, seed: int = 0):
     from anomaly import features as F
     from anomaly.detectors.baseline import SeasonalRobustBaseline
     from anomaly.detectors.cohort import CohortIsolationForest
-    from anomaly.scoring import BASELINE_FLOOR
+    from anomaly.scoring import BASELINE_FLOOR, GPU_SCALE_FLOOR
 
     rng = np.random.default_rng(seed + 1)
     cols = [i for i, f in enumerate(m.features) if f.name in F.BASELINE_FEATURES]
@@ -73,7 +73,9 @@ def fitted(m, seed: int = 0):
     baseline = SeasonalRobustBaseline(min_points=3, scale_floor=[BASELINE_FLOOR[f] for f in F.BASELINE_FEATURES]).fit(
         np.abs(hist), ids, np.repeat(np.arange(6) % 24, len(m)).reshape(6, -1).T.ravel())
     sample = rng.choice(len(m), size=min(len(m), 20000), replace=False)
-    cohort = CohortIsolationForest(random_state=seed).fit(m.X[sample], m.context["cohort"][sample])
+    floors = [GPU_SCALE_FLOOR[f.name] for f in F.GPU_FEATURES]
+    cohort = CohortIsolationForest(random_state=seed, scale_floor=floors).fit(
+        m.X[sample], F.state_cohorts(m.X[sample], m.context["cohort"][sample]))
     return baseline, cohort
 
 

@@ -30,7 +30,9 @@ class CohortIsolationForest(BaseEstimator):
     ``quantile`` (the threshold is this quantile of the training scores: the share of training
     rows that would have been flagged), ``margin`` (subtracted from that quantile, so a row must
     be clearly stranger than the strangest training rows), ``min_rows`` (a cohort with fewer
-    training rows gets no forest), ``random_state`` (seeds every forest).
+    training rows gets no forest), ``scale_floor`` (absolute floor of each feature's robust σ,
+    scalar or per feature: SM clocks that agree to the MHz must not make 20 MHz read as 1,000σ),
+    ``random_state`` (seeds every forest).
 
     Learned: ``forests_`` {cohort: IsolationForest}, ``thresholds_`` {cohort: float},
     ``center_``/``scale_`` {cohort: per-feature median and MAD-σ}, ``whiten_`` {cohort: the
@@ -40,8 +42,9 @@ class CohortIsolationForest(BaseEstimator):
     """
 
     def __init__(self, *, n_estimators: int = 100, max_samples: int = 256, quantile: float = 0.001,
-                 margin: float = 0.02, min_rows: int = 64, random_state: int = 0):
+                 margin: float = 0.02, min_rows: int = 64, scale_floor=1e-9, random_state: int = 0):
         self.n_estimators = n_estimators
+        self.scale_floor = scale_floor
         self.max_samples = max_samples
         self.quantile = quantile
         self.margin = margin
@@ -70,7 +73,8 @@ class CohortIsolationForest(BaseEstimator):
             center = np.nanmedian(rows, axis=0)
             scale = np.nanmedian(np.abs(rows - center), axis=0) * MAD_TO_SIGMA
         center = np.nan_to_num(center, nan=0.0)
-        self.center_[c], self.scale_[c] = center, np.where(np.nan_to_num(scale) > 0, scale, 1.0)
+        floor = np.maximum(np.broadcast_to(np.asarray(self.scale_floor, dtype=float), center.shape), 1e-9)
+        self.center_[c], self.scale_[c] = center, np.maximum(np.nan_to_num(scale), floor)
         Z = self._scaled(c, rows)
         cov = np.cov(Z, rowvar=False) if len(Z) > 1 else np.eye(Z.shape[1])
         eigval, eigvec = np.linalg.eigh(np.atleast_2d(cov))
