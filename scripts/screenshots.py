@@ -42,7 +42,7 @@ def main() -> None:
         page.click("button[type=submit]")
         page.wait_for_url(f"{args.server}/")
         pages = {"fleet": "/", "racks": "/racks/", "nvlink": "/nvlink/", "fabric": "/fabric/", "power": "/power/",
-                 "jobs": "/jobs/"}
+                 "jobs": "/jobs/", "anomalies": "/anomalies/", "reliability": "/reliability/"}
         for name, path in pages.items():
             shoot(page, args, name, path)
         job = args.job or page.evaluate(
