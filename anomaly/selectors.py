@@ -32,8 +32,10 @@ def entity_url(entity_kind: str, entity_id: str) -> str | None:
 
 
 def _row(a: Anomaly) -> dict:
+    # A port's id means nothing to an operator; its "switch:port" name (kept in host) does.
+    label = a.host if a.entity_kind == "port" and a.host else a.entity_id
     return {"id": a.pk, "kind": a.kind, "kind_label": AnomalyKind(a.kind).label, "entity_kind": a.entity_kind,
-            "entity_id": a.entity_id, "host": a.host, "url": entity_url(a.entity_kind, a.entity_id),
+            "entity_id": a.entity_id, "label": label, "host": a.host, "url": entity_url(a.entity_kind, a.entity_id),
             "score": round(a.score, 3), "last_score": round(a.last_score, 3), "summary": a.summary,
             "contributions": a.contributions, "started_at": iso_utc(a.started_at), "last_seen": iso_utc(a.last_seen),
             "ended_at": iso_utc(a.ended_at) if a.ended_at else None, "colour": AnomalyKind.colour(a.kind)}

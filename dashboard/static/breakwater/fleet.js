@@ -56,9 +56,10 @@
     "anomalies.top": function (rows) {
       if (!rows.length) return '<tr class="bw-empty"><td colspan="5">No open anomalies.</td></tr>';
       return rows.map(function (a) {
-        var id = a.entity_id.length > 24 ? a.entity_id.slice(0, 23) + "…" : a.entity_id;
+        var id = a.label.length > 24 ? a.label.slice(0, 23) + "…" : a.label;
         var entity = a.url ? '<a href="' + esc(a.url) + '">' + esc(id) + "</a>" : esc(id);
-        var host = a.host && a.entity_kind !== "rack" ? ' <span class="bw-muted">' + esc(a.host) + "</span>" : "";
+        var shown = a.host && a.entity_kind !== "rack" && a.entity_kind !== "port";
+        var host = shown ? ' <span class="bw-muted">' + esc(a.host) + "</span>" : "";
         return "<tr><td>" + esc(a.started_at.slice(11, 19)) + "</td><td>" + entity + host + "</td><td>" +
           esc(a.kind_label) + "</td><td>" + esc(a.summary) + "</td><td>" + a.score.toFixed(2) + "</td></tr>";
       }).join("");
