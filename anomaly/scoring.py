@@ -177,8 +177,14 @@ def _baseline_findings(m: F.Matrix, det: SeasonalRobustBaseline, hour: int) -> l
 
 
 def _cohort_findings(m: F.Matrix, det) -> list[Finding]:
+    """Cohort outliers among GPUs in a steady state: busy, or idle with no job. A job's GPU that is
+    nearly idle (warming up, checkpointing, waiting on data) or changing jobs matches neither cohort
+    and is judged by the peer and straggler detectors instead (scenario_eval's quiet 16k-GPU hour:
+    every unexplained event came from such GPUs in the idle cohort)."""
     every = F.state_cohorts(m.X, m.context["cohort"])
-    rows = np.flatnonzero(det.predict(m.X, every))
+    busy = np.char.endswith(every.astype(str), "busy")
+    steady = m.context["settled"] & (busy | (m.context["job"] == ""))
+    rows = np.flatnonzero(det.predict(m.X, every) & steady)
     if not len(rows):
         return []
     cohorts = every[rows]
