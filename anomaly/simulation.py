@@ -357,7 +357,7 @@ class Seen:
     started_at: datetime
     pk: int = 0
     summary: str = ""
-    fields: tuple[str, ...] = ()  # the telemetry fields its explanation names
+    signals: tuple[tuple[str, float], ...] = ()  # (telemetry field, deviation in σ) its explanation names
 
 
 def canonical_entities(rows: Iterable) -> list[Seen]:
@@ -375,7 +375,7 @@ def canonical_entities(rows: Iterable) -> list[Seen]:
                  for p in Port.objects.filter(pk__in=ids["port"]).select_related("switch", "node")},
     }
     return [Seen(a.kind, a.entity_kind, _canonical(a.entity_kind, a.entity_id, names), a.started_at, a.pk, a.summary,
-                 tuple(c.get("field", "") for c in a.contributions or ())) for a in rows]
+                 tuple((c.get("field", ""), c.get("deviation") or 0.0) for c in a.contributions or ())) for a in rows]
 
 
 def _canonical(kind: str, raw: str, names: dict) -> object:
@@ -429,8 +429,9 @@ class Outcome:
     risk_elsewhere: int = 0  # other GPUs that got a failure_risk event after the start
 
 
-# A cooling loop's row holds many GPUs, some flagged for unrelated reasons: only heat counts there.
-THERMAL_FIELDS = frozenset({"gpu_temp", "memory_temp", "throttle_reasons", "sm_clock"})
+# A cooling loop's row holds many GPUs, some flagged for unrelated reasons: only heat counts there,
+# as a temperature above, clocks below (thermal slowdown) or throttle reasons set. Field -> sign.
+HEAT = {"gpu_temp": 1, "memory_temp": 1, "sm_clock": -1, "throttle_reasons": 0}
 
 
 def match_scenario(truth: dict, seen: list[Seen], layout, *, until: datetime | None = None,
@@ -462,7 +463,11 @@ def match_scenario(truth: dict, seen: list[Seen], layout, *, until: datetime | N
 def _hit(truth: dict, targets: set, s: Seen) -> bool:
     if (s.entity_kind, s.entity) not in targets:
         return False
-    return truth["entity_kind"] != "cooling_loop" or s.entity_kind == "rack" or bool(THERMAL_FIELDS & set(s.fields))
+    return truth["entity_kind"] != "cooling_loop" or s.entity_kind == "rack" or _heat(s)
+
+
+def _heat(s: Seen) -> bool:
+    return any(f in HEAT and (HEAT[f] == 0 or HEAT[f] * d > 0) for f, d in s.signals)
 
 
 def _noise(truth: dict, targets: set, window: list[Seen], population: dict[str, int] | None) -> float | None:

@@ -51,8 +51,8 @@ def _truth(scenario: str, kind: str, entity: str, *, fails: datetime | None = No
             "fails_at": _iso(fails) if fails else None, "details": details}
 
 
-def _seen(kind: str, entity_kind: str, entity, minutes: float, *fields: str) -> Seen:
-    return Seen(kind, entity_kind, entity, START + timedelta(minutes=minutes), fields=fields)
+def _seen(kind: str, entity_kind: str, entity, minutes: float, *signals: tuple[str, float]) -> Seen:
+    return Seen(kind, entity_kind, entity, START + timedelta(minutes=minutes), signals=signals)
 
 
 # --- the harness ---------------------------------------------------------------------------------------
@@ -153,8 +153,12 @@ def test_cooling_failure_is_found_through_its_racks_or_the_heat_of_their_gpus():
     in_rack = {g.uuid for n in LAYOUT.nodes if LAYOUT.racks[n.rack].name == "r01-01" for g in n.gpus}
     assert ("rack", "r01-01") in targets and {u for k, u in targets if k == "gpu"} == in_rack
     # A GPU of the row flagged for something else is not the cooling failure; its heat is.
-    assert not match_scenario(truth, [_seen("peer_job", "gpu", GPU_A, 1, "gpu_util")], LAYOUT).detected
-    assert match_scenario(truth, [_seen("cohort", "gpu", GPU_A, 2, "power_w", "gpu_temp")], LAYOUT).ttd_s == 120.0
+    other = [_seen("peer_job", "gpu", GPU_A, 1, ("gpu_util", -9.0)),
+             _seen("cohort", "gpu", GPU_A, 1, ("sm_clock", 20.0))]
+    assert not match_scenario(truth, other, LAYOUT).detected  # busier than idle GPUs is no heat
+    hot = [_seen("cohort", "gpu", GPU_A, 2, ("power_w", -7.0), ("gpu_temp", 9.5))]
+    assert match_scenario(truth, other + hot, LAYOUT).ttd_s == 120.0
+    assert match_scenario(truth, [_seen("peer_node", "gpu", GPU_A, 3, ("sm_clock", -12.0))], LAYOUT).ttd_s == 180.0
 
 
 def test_noise_is_the_share_of_other_entities_flagged_after_the_start():
