@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "django_plotly_dash.apps.DjangoPlotlyDashConfig",
     "telemetry",
     "anomaly",
+    "alerts",
     "dashboard",
 ]
 
@@ -162,6 +163,11 @@ CELERY_BEAT_SCHEDULE = {
     # A new site gets its first models as soon as it has the history for them, not a day later.
     "anomaly-train-missing": {"task": "anomaly.tasks.train_models", "schedule": timedelta(minutes=10),
                               "kwargs": {"missing_only": True}},
+    # Alerts are evaluated on ingest; this backstop resolves alerts whose entity went quiet and ends
+    # for-durations when no batch arrives. Groups flush on their own schedule; the sweep redelivers.
+    "alerts-evaluate": {"task": "alerts.tasks.evaluate", "schedule": timedelta(seconds=10)},
+    "alerts-flush": {"task": "alerts.tasks.flush_groups", "schedule": timedelta(seconds=5)},
+    "alerts-sweep": {"task": "alerts.tasks.sweep_outbox", "schedule": timedelta(seconds=15)},
 }
 
 AUTH_PASSWORD_VALIDATORS = [

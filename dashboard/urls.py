@@ -27,5 +27,6 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("telemetry.api.urls")),
+    path("api/v1/", include("alerts.api.urls")),
     path("django_plotly_dash/", include("django_plotly_dash.urls")),
 ]

@@ -1,0 +1,54 @@
+"""Celery tasks of the alerts app. Each takes ids, is safe to run twice and delegates to one module function."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.utils import timezone
+
+
+@shared_task(name="alerts.tasks.evaluate", acks_late=True)
+def evaluate() -> dict:
+    """Evaluate every enabled rule now (triggered by ingest after commit, and by beat as a backstop)."""
+    from alerts.evaluation import run_evaluation
+
+    return run_evaluation(timezone.now())
+
+
+@shared_task(name="alerts.tasks.flush_groups", acks_late=True)
+def flush_groups() -> int:
+    """Send what alert groups have due (group_wait, group_interval, repeat_interval, escalation)."""
+    from alerts.routing import do_flush_due_groups
+
+    return do_flush_due_groups(timezone.now())
+
+
+@shared_task(name="alerts.tasks.deliver", acks_late=True)
+def deliver(notification_id: int) -> str:
+    """Deliver one outbox row; retries are scheduled by the delivery module itself (bounded, with backoff)."""
+    from alerts.delivery import deliver_notification
+
+    return deliver_notification(notification_id)
+
+
+@shared_task(name="alerts.tasks.sweep_outbox", acks_late=True)
+def sweep_outbox() -> int:
+    """Re-enqueue outbox rows whose retry is due or whose worker died mid-delivery."""
+    from alerts.delivery import sweep_outbox as sweep
+
+    return sweep(timezone.now())
+
+
+@shared_task(name="alerts.tasks.run_playbooks", acks_late=True)
+def run_playbooks(alert_ids: list[int]) -> int:
+    """Propose (or run, per mode) the playbook actions for alerts that just fired."""
+    from alerts.remediation.playbooks import run_playbooks_for_alerts
+
+    return run_playbooks_for_alerts(alert_ids)
+
+
+@shared_task(name="alerts.tasks.execute_action", acks_late=True)
+def execute_action(action_id: int) -> str:
+    """Run one approved or automatic remediation action, then verify it."""
+    from alerts.remediation.executor import execute
+
+    return execute(action_id)
