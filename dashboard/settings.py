@@ -228,6 +228,33 @@ SLURM_COMMAND_PREFIX = _env("SLURM_COMMAND_PREFIX", "") or ""
 if SLURM_SYNC:
     CELERY_BEAT_SCHEDULE["slurm"] = {"task": "telemetry.tasks.sync_slurm", "schedule": timedelta(seconds=30)}
 
+# --- Alerts, notifications and remediation (alerts app) -------------------------------------------
+# Absolute base of links in notifications (a page in Slack must point at this console).
+BREAKWATER_BASE_URL = (_env("BREAKWATER_BASE_URL", "http://localhost:8000") or "").rstrip("/")
+# Delivery: at most this many attempts per notification, backoff doubling from ALERT_RETRY_BASE_SECONDS;
+# a worker that claimed a row and died is presumed dead after ALERT_CLAIM_TIMEOUT_SECONDS and the row
+# is delivered again (with the same provider dedup key, so no second incident opens).
+ALERT_DELIVERY_MAX_ATTEMPTS = _env_int("ALERT_DELIVERY_MAX_ATTEMPTS", 6)
+ALERT_RETRY_BASE_SECONDS = _env_int("ALERT_RETRY_BASE_SECONDS", 5)
+ALERT_CLAIM_TIMEOUT = timedelta(seconds=_env_int("ALERT_CLAIM_TIMEOUT_SECONDS", 60))
+ALERT_HTTP_TIMEOUT_SECONDS = _env_int("ALERT_HTTP_TIMEOUT_SECONDS", 10)
+# Email channels send through this SMTP server.
+EMAIL_HOST = _env("EMAIL_HOST", "localhost") or "localhost"
+EMAIL_PORT = _env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = _env("EMAIL_HOST_USER", "") or ""
+EMAIL_HOST_PASSWORD = _env("EMAIL_HOST_PASSWORD", "") or ""
+EMAIL_USE_TLS = _env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = _env("DEFAULT_FROM_EMAIL", "breakwater@localhost") or "breakwater@localhost"
+# Where drain/resume/requeue go: "slurm" (scontrol, through SLURM_COMMAND_PREFIX), "kubernetes" (cordon,
+# eviction, pod deletion through K8S_API_URL) or "simulator" (the simulated cluster of `./dev up`).
+REMEDIATION_BACKEND = _env("REMEDIATION_BACKEND", "simulator") or "simulator"
+if REMEDIATION_BACKEND not in ("slurm", "kubernetes", "simulator"):
+    raise ImproperlyConfigured(f"REMEDIATION_BACKEND={REMEDIATION_BACKEND!r}: use slurm, kubernetes or simulator")
+K8S_API_URL = _env("K8S_API_URL", "") or ""
+K8S_TOKEN = _env("K8S_TOKEN", "") or ""
+# Agent commands (power cap, GPU reset) not fetched by the node agent within this long expire.
+AGENT_COMMAND_TTL = timedelta(seconds=_env_int("AGENT_COMMAND_TTL_SECONDS", 600))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
