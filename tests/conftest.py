@@ -19,6 +19,23 @@ os.environ.setdefault("CELERY_QUEUE", "bw-test" + os.environ.get("TEST_DB_SUFFIX
 # Likewise live pushes: a test's ticks must not reach the pages of a running `./dev up`.
 os.environ.setdefault("BREAKWATER_CHANNEL_PREFIX", "bwtest" + os.environ.get("TEST_DB_SUFFIX", ""))
 
+
+def _isolate_from_dev() -> None:
+    """pytest-django reads the settings before this file runs, so the variables above reach only the
+    processes the tests start (daphne, workers); the settings of this process are set here too."""
+    from django.conf import settings
+
+    if not settings.configured:
+        return
+    settings.CELERY_TASK_DEFAULT_QUEUE = os.environ["CELERY_QUEUE"]
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = os.environ["BREAKWATER_CHANNEL_PREFIX"]
+    from dashboard.celery import app
+
+    app.conf.task_default_queue = os.environ["CELERY_QUEUE"]
+
+
+_isolate_from_dev()
+
 # Tests fix time with a constant, not now().
 FIXED_NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
