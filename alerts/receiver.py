@@ -4,7 +4,9 @@ It records every request (path, headers, JSON body, arrival time), answers the w
 imitates does (PagerDuty 202 with the dedup_key, Opsgenie 202 with a requestId, Slack/Teams 200 "1"/"ok"),
 verifies the Breakwater webhook signature when given the secret, and counts incidents by dedup key
 the way PagerDuty does: a trigger with a known dedup_key updates that incident, it never opens another.
-Scripted answers (`script`) let a test return 500s, 400s or hang before answering.
+Scripted answers (`script`) let a test return 500s, 400s or hang before answering; a Behaviour with
+status None is the provider's normal answer, processed on arrival (as a real provider does) even when
+the answer itself is delayed, so a client that dies while waiting has still opened the incident.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ class Received:
 
 @dataclass
 class Behaviour:
-    """What to answer next: an HTTP status and body, optionally after a delay (seconds)."""
+    """What to answer next: an HTTP status and body, optionally after a delay (seconds).
+    status None: the provider's own answer (incident bookkeeping included), after the delay."""
 
-    status: int = 200
+    status: int | None = 200
     body: str = ""
     delay: float = 0.0
 
@@ -57,6 +60,7 @@ class Receiver:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._stopping = threading.Event()  # ends scripted delays when the receiver stops
         self._server = ThreadingHTTPServer((self.host, self.port), self._handler())
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
@@ -71,6 +75,7 @@ class Receiver:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -79,6 +84,11 @@ class Receiver:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def paths(self) -> list[str]:
+        """The paths of the requests received so far, in order."""
+        with self._lock:
+            return [r.path for r in self.requests]
 
     def wait_for(self, n: int, timeout: float = 10.0) -> list[Received]:
         """Block until at least n requests arrived; return them (raises TimeoutError otherwise)."""
@@ -138,17 +148,22 @@ class Receiver:
                 rec = Received(self.path, headers, body, time.time())
                 rec.signature_ok = receiver.check_signature(headers, body)
                 behaviour = receiver._next_behaviour()
+                if behaviour is None or behaviour.status is None:
+                    status, text = receiver._default_answer(self.path, body)
+                else:
+                    status, text = behaviour.status, behaviour.body
                 receiver._record(rec)
-                if behaviour and behaviour.delay:
-                    time.sleep(behaviour.delay)
-                status, text = ((behaviour.status, behaviour.body) if behaviour
-                                else receiver._default_answer(self.path, body))
+                if behaviour and behaviour.delay and receiver._stopping.wait(behaviour.delay):
+                    return  # stopping: the client is gone or the test is over
                 payload = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json" if text.startswith("{") else "text/plain")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json" if text.startswith("{") else "text/plain")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:  # the client died while we were waiting (the crash tests do this on purpose)
+                    pass
 
             do_PUT = do_POST  # noqa: N815
 

@@ -9,6 +9,7 @@ A delivery is two steps so the outbox can record the request before it leaves (a
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import time
@@ -29,6 +30,8 @@ RESPONSE_KEEP_CHARS = 2000
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 # Header names whose values are credentials and never stored.
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-routing-key"})
+# Query parameters known to carry no credential (Opsgenie's identifierType, Azure's api-version).
+SAFE_QUERY_KEYS = frozenset({"identifierType", "api-version"})
 
 
 # kind -> transport class, filled by the @register decorator of each module (alerts.transports.get reads it).
@@ -67,10 +70,12 @@ class DeliveryResult:
 
     @property
     def ok(self) -> bool:
+        """True when the provider took the message."""
         return self.outcome == "ok"
 
     @classmethod
     def from_error(cls, exc: TransportError, duration_ms: float = 0.0) -> DeliveryResult:
+        """The result a TransportError stands for."""
         return cls(outcome="permanent" if exc.permanent else "retry", status_code=exc.status_code,
                    response=exc.response[:RESPONSE_KEEP_CHARS], error=exc.message,
                    duration_ms=duration_ms, retry_after=exc.retry_after)
@@ -132,15 +137,18 @@ class Transport:
     # Helpers for subclasses ----------------------------------------------------------------
     @staticmethod
     def config(notification, key: str, default: Any = None) -> Any:
+        """A key of the notification's channel config."""
         return (notification.channel.config or {}).get(key, default)
 
     def require_url(self, notification, default: str = "") -> str:
+        """The channel's http(s) URL (or the provider's default); missing is permanent."""
         url = (self.config(notification, "url") or default or "").strip()
         if not url.startswith(("http://", "https://")):
             raise TransportError(f"{self.label} channel needs an http(s) url in its config", permanent=True)
         return url
 
     def require_secret(self, notification, what: str) -> str:
+        """The channel's secret; missing is permanent."""
         secret = (notification.channel.secret or "").strip()
         if not secret:
             raise TransportError(f"{self.label} channel has no {what}", permanent=True)
@@ -151,6 +159,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """A webhook that redirects is misconfigured; following it would drop the POST body."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
+        """Refuse every redirect: the 3xx becomes an HTTPError (permanent)."""
         return None
 
 
@@ -180,6 +189,7 @@ class HttpTransport(Transport):
         return Outbound(HttpRequest(method, url, all_headers, data), record)
 
     def _send(self, outbound: Outbound) -> DeliveryResult:
+        """POST the prepared request and classify the answer."""
         req: HttpRequest = outbound.request
         request = urllib.request.Request(req.url, data=req.body, method=req.method, headers=req.headers)
         try:
@@ -190,7 +200,7 @@ class HttpTransport(Transport):
             retry_after = _retry_after(exc.headers.get("Retry-After") if exc.headers else None)
             raise TransportError(self.describe_refusal(status, text), permanent=not self.is_retryable(status),
                                  status_code=status, response=text, retry_after=retry_after) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:  # refused, reset, timed out
             reason = getattr(exc, "reason", exc)
             raise TransportError(f"cannot reach {self.label}: {reason}") from None
         except ValueError as exc:  # an unparseable URL
@@ -200,6 +210,7 @@ class HttpTransport(Transport):
 
     @staticmethod
     def is_retryable(status: int) -> bool:
+        """Whether an HTTP error status is worth another try."""
         return status >= 500 or status in RETRYABLE_STATUS
 
     def check_answer(self, status: int, text: str) -> None:
@@ -226,6 +237,7 @@ def answer_message(text: str) -> str:
 
 
 def _read(resp) -> str:
+    """At most RESPONSE_KEEP_CHARS of an answer body, as text."""
     try:
         return resp.read(RESPONSE_KEEP_CHARS * 2).decode(errors="replace")[:RESPONSE_KEEP_CHARS]
     except OSError:
@@ -233,6 +245,7 @@ def _read(resp) -> str:
 
 
 def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header in seconds (the date form is ignored)."""
     try:
         return max(0.0, float(value)) if value else None
     except ValueError:  # an HTTP date: rare for webhooks; fall back to our own backoff
@@ -253,7 +266,8 @@ def redact_url(url: str, *, secret_path: bool = False) -> str:
     if secret_path:
         first = path.strip("/").split("/", 1)[0]
         path = f"/{first}/{REDACTED}" if first else f"/{REDACTED}"
-    query = urlencode([(k, REDACTED) for k, _ in parse_qsl(parts.query, keep_blank_values=True)])
+    query = urlencode([(k, v if k in SAFE_QUERY_KEYS else REDACTED)
+                       for k, v in parse_qsl(parts.query, keep_blank_values=True)])
     return urlunsplit((parts.scheme, netloc, path, query, ""))
 
 

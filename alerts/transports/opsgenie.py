@@ -31,6 +31,7 @@ SOURCE = "Breakwater"
 
 
 def _tags(payload: dict) -> list[str]:
+    """Short tags to filter on in Opsgenie, within its count and length limits."""
     common = payload.get("common_labels") or {}
     tags = ["breakwater", render.severity_of(payload)]
     tags += [f"{k}:{common[k]}" for k in ("alertname", "tenant", "rack") if common.get(k)]
@@ -52,6 +53,7 @@ def _details(payload: dict) -> dict[str, str]:
 
 
 def _description(payload: dict) -> str:
+    """The summary, one line per alert and the console link, cut to Opsgenie's limit."""
     lines = [str(payload.get("summary") or "")] if payload.get("summary") else []
     lines += [f"- {render.alert_line(a)}" for a in render.alerts_of(payload)]
     if payload.get("url"):
@@ -90,6 +92,7 @@ class OpsgenieTransport(HttpTransport):
     label = "Opsgenie"
 
     def prepare(self, notification) -> Outbound:
+        """Create for trigger/escalate/test; acknowledge or close by alias otherwise."""
         base = self.require_url(notification, DEFAULT_URL).rstrip("/")
         key = self.require_secret(notification, "API key")
         headers = {"Authorization": f"GenieKey {key}"}

@@ -26,6 +26,7 @@ MAX_LINKS = 5
 
 
 def _custom_details(payload: dict) -> dict:
+    """What an on-call engineer reads in the incident: route, group labels, one line per alert."""
     alerts = render.alerts_of(payload)
     return {
         "route": payload.get("route") or "",
@@ -36,6 +37,7 @@ def _custom_details(payload: dict) -> dict:
 
 
 def _links(payload: dict) -> list[dict]:
+    """The console link and the first alerts' own pages (PagerDuty shows a handful)."""
     links = [{"href": payload["url"], "text": "Open in Breakwater"}] if payload.get("url") else []
     for alert in render.alerts_of(payload)[: MAX_LINKS - len(links)]:
         if alert.get("url"):
@@ -44,6 +46,7 @@ def _links(payload: dict) -> list[dict]:
 
 
 def _timestamp(payload: dict) -> str | None:
+    """The earliest alert start (ISO 8601), when the problem began."""
     starts = sorted(str(a["starts_at"]) for a in render.alerts_of(payload) if a.get("starts_at"))
     return starts[0] if starts else None
 
@@ -88,6 +91,7 @@ class PagerDutyTransport(HttpTransport):
     label = "PagerDuty"
 
     def prepare(self, notification) -> Outbound:
+        """The Events API v2 event; a routing key of the wrong length is permanent."""
         url = self.require_url(notification, DEFAULT_URL)
         key = self.require_secret(notification, "routing key")
         if len(key) != ROUTING_KEY_LEN:

@@ -49,6 +49,7 @@ def entity_of(alert: dict) -> str:
 
 
 def summary_of(alert: dict) -> str:
+    """The alert's summary annotation (or description), or ''."""
     annotations = alert.get("annotations") or {}
     return str(annotations.get("summary") or annotations.get("description") or "")
 

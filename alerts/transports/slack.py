@@ -27,6 +27,7 @@ def escape(text: str) -> str:
 
 
 def _alert_mrkdwn(alert: dict) -> str:
+    """One alert as a mrkdwn line: state emoji, linked name, entity, summary, state."""
     state = alert.get("state") or "firing"
     emoji = STATE_EMOJI.get(state) or SEVERITY_EMOJI.get(str(alert.get("severity")), ":white_circle:")
     name = escape(alert.get("name") or "alert")
@@ -72,6 +73,7 @@ def build_message(notification) -> dict:
 
 
 def _context(notification) -> str:
+    """The small print under the alerts: severity, route, count."""
     payload = notification.payload or {}
     bits = [f"severity *{escape(render.severity_of(payload))}*"]
     if payload.get("route"):
@@ -89,5 +91,6 @@ class SlackTransport(HttpTransport):
     url_is_secret = True
 
     def prepare(self, notification) -> Outbound:
+        """The Block Kit message to the configured URL (the URL is redacted in the stored copy)."""
         url = self.require_url(notification)
         return self.json_request(url, build_message(notification), secrets=(url,))

@@ -20,6 +20,7 @@ COLOUR = {"critical": "attention", "error": "attention", "warning": "warning", "
 
 
 def _facts(payload: dict) -> list[dict]:
+    """One fact per alert (name and entity; severity, state and summary), at most MAX_FACTS."""
     facts = []
     for alert in render.alerts_of(payload)[:MAX_FACTS]:
         title = clip(f"{alert.get('name') or 'alert'} {render.entity_of(alert)}".strip(), 200)
@@ -70,10 +71,12 @@ class TeamsTransport(HttpTransport):
     url_is_secret = True
 
     def prepare(self, notification) -> Outbound:
+        """The card message to the configured URL (the URL is redacted in the stored copy)."""
         url = self.require_url(notification)
         return self.json_request(url, build_message(notification), secrets=(url,))
 
     def check_answer(self, status: int, text: str) -> None:
+        """A connector reports its own rate limit inside a 200: retry it."""
         if "HTTP error 429" in text:
             raise TransportError("Microsoft Teams rate limited the connector (HTTP error 429 in a 200 answer)",
                                  status_code=status, response=text)

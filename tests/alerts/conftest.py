@@ -57,19 +57,24 @@ class WorkerProcess:
 
 @pytest.fixture
 def celery_worker_process(django_db_setup, django_db_blocker):
-    """Factory: start real worker processes against the test database; all are stopped afterwards."""
+    """Factory: start real worker processes against the test database; all are stopped afterwards.
+    The test queue is purged first."""
     from urllib.parse import quote
 
     from django.conf import settings
+
+    from dashboard.celery import app
 
     db = settings.DATABASES["default"]
     url = f"postgresql://{quote(db['USER'])}:{quote(db['PASSWORD'])}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "0", "LOG_LEVEL": "WARNING",
            "CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE}
     workers: list[WorkerProcess] = []
+    app.control.purge()  # leftovers of an earlier run (other ids, other database) must not run here
 
-    def start() -> WorkerProcess:
-        w = WorkerProcess(env)
+    def start(extra_env: dict[str, str] | None = None) -> WorkerProcess:
+        """Start one worker; `extra_env` adds variables (e.g. ALERT_CLAIM_TIMEOUT_SECONDS) for it alone."""
+        w = WorkerProcess({**env, **(extra_env or {})})
         w.start()
         workers.append(w)
         return w
