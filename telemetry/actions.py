@@ -154,3 +154,41 @@ def do_clear_gpu_resets(resets: list[tuple[int, datetime]], *, reason: str) -> i
             [reason[:200], ids, times],
         )
         return cur.rowcount
+
+
+# --- Scheduler-facing state set by remediation ----------------------------------------------------
+@transaction.atomic
+def do_set_node_state(hostname: str, state: str) -> bool:
+    """Set a node's scheduler state (drained, active, down); False when the inventory has no such node.
+
+    Remediation calls this after a drain or resume it verified, and the simulator backend uses it as its
+    scheduler, so the fleet page and the guard rails see the same state the scheduler has.
+    """
+    from telemetry import live
+    from telemetry.models import Node, NodeState
+
+    if state not in NodeState.values:
+        raise ValueError(f"unknown node state {state!r}; use one of {', '.join(NodeState.values)}")
+    changed = Node.objects.filter(hostname=hostname).exclude(state=state).update(state=state)
+    if changed:
+        live.schedule_fleet_publish()
+    return changed > 0 or Node.objects.filter(hostname=hostname).exists()
+
+
+@transaction.atomic
+def do_mark_job_requeued(source: str, external_id: str, *, at: datetime, reason: str) -> bool:
+    """Record a requeue of a job (back to pending, one more requeue); False when the job is unknown.
+
+    The simulated cluster has no scheduler to ask, so the simulator remediation backend writes this itself.
+    """
+    from telemetry.models import Job, JobState, JobStateChange
+
+    job = Job.objects.select_for_update().filter(source=source, external_id=external_id).first()
+    if job is None:
+        return False
+    if job.state != JobState.PENDING:
+        job.state, job.requeue_count = JobState.PENDING, job.requeue_count + 1
+        job.save(update_fields=["state", "requeue_count", "updated"])
+        JobStateChange.objects.get_or_create(job=job, time=at, state=JobState.PENDING,
+                                             defaults={"reason": reason[:256]})
+    return True

@@ -8,6 +8,7 @@ import socket
 import sys
 from pathlib import Path
 
+from telemetry.agent.commands import CommandChannel
 from telemetry.agent.pusher import Pusher
 from telemetry.agent.redfish import RedfishClient
 from telemetry.agent.runner import discover, run
@@ -28,6 +29,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--redfish", help="BMC base URL, e.g. https://10.0.0.5")
     ap.add_argument("--redfish-user")
     ap.add_argument("--redfish-password-file", type=Path)
+    ap.add_argument("--accept-commands", action="store_true",
+                    help="run remediation commands (power cap, GPU reset) the server queues for this node")
     ap.add_argument("--once", action="store_true", help="collect and push one batch, then exit")
     ap.add_argument("-v", "--verbose", action="store_true")
     return ap.parse_args(argv)
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     for source, why in src.problems.items():
         logging.getLogger("telemetry.agent").warning("%s unavailable: %s", source, why)
     pusher = Pusher(args.server, token, args.spool, max_spool_bytes=args.max_spool_mb * 1024 * 1024)
-    run(src, pusher, interval=args.interval, ticks=1 if args.once else None)
+    commands = CommandChannel(args.server, token, args.host) if args.accept_commands else None
+    run(src, pusher, interval=args.interval, ticks=1 if args.once else None, commands=commands)
     return 0
 
 

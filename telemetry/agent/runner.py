@@ -164,10 +164,13 @@ def agent_report(src: Sources, pusher: Pusher, problems: list[str]) -> dict:
     }
 
 
-def run(src: Sources, pusher: Pusher, *, interval: float, ticks: int | None = None) -> None:
-    """Collect and push every `interval` seconds, aligned to the wall clock, until stopped."""
+def run(src: Sources, pusher: Pusher, *, interval: float, ticks: int | None = None, commands=None) -> None:
+    """Collect and push every `interval` seconds, aligned to the wall clock, until stopped. With `commands` (a
+    `telemetry.agent.commands.CommandChannel`), remediation commands are fetched and run once per tick too."""
     done = 0
     while ticks is None or done < ticks:
+        if commands is not None:
+            commands.tick()
         batch, problems = collect_batch(src)
         for p in problems[:20]:
             log.warning("%s", p)

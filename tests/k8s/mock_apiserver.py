@@ -10,6 +10,15 @@ It serves only what the pod watcher asks for:
   an empty stream. `gone_event()` makes the ERROR event an expired resourceVersion produces.
 
 Every request is recorded (path and query) so tests can check which resourceVersion the client resumed from.
+
+For remediation it also keeps live state that writes change (`add_node`, `add_pod`):
+
+* `GET /api/v1/nodes/<name>`, `PATCH` it (a JSON merge: cordon sets spec.unschedulable);
+* `GET /api/v1/pods` with no scripted list left serves the live pods, filtered by `fieldSelector=spec.nodeName=X`;
+* `GET` / `DELETE /api/v1/namespaces/<ns>/pods/<name>` (a delete removes the pod);
+* `POST /api/v1/namespaces/<ns>/pods/<name>/eviction` (policy/v1 Eviction) removes the pod, or answers 429 as a
+  PodDisruptionBudget does for pods named in `pdb_protected`.
+Writes are recorded with their method and body in `writes`.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["MockApiServer", "gone_event", "gpu_pod"]
+__all__ = ["MockApiServer", "gone_event", "gpu_pod", "k8s_node"]
 
 # Shaped after the pods in the CNCF AI-conformance evidence (../shared/data/k8s/cncf-k8s-ai-conformance-evidence):
 # NVIDIA's CUDA sample image, runtimeClassName nvidia, GPUs as container limits, restartPolicy Never.
@@ -83,14 +92,34 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         self.server.record(url.path, query)
+        live = self.server.live_get(url.path, query)
+        if live is not None:
+            self._send_json(*live)
+            return
         if not (url.path == "/api/v1/pods" or (url.path.startswith("/api/v1/namespaces/")
                                                 and url.path.endswith("/pods"))):
-            self._send_json(404, {"kind": "Status", "code": 404, "reason": "NotFound", "message": url.path})
+            self._send_json(404, _not_found(url.path))
             return
         if query.get("watch") in {"1", "true", "True"}:
             self._stream(self.server.next_watch())
         else:
             self._send_json(200, self.server.next_list())
+
+    def _write(self, method: str) -> None:
+        url = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"null") if length else None
+        self.server.record(url.path, {"method": method, "authorization": self.headers.get("Authorization", "")})
+        self._send_json(*self.server.live_write(method, url.path, body))
+
+    def do_PATCH(self) -> None:
+        self._write("PATCH")
+
+    def do_POST(self) -> None:
+        self._write("POST")
+
+    def do_DELETE(self) -> None:
+        self._write("DELETE")
 
     def _send_json(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
@@ -113,6 +142,32 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def _not_found(what: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404, "reason": "NotFound",
+            "message": f"{what} not found"}
+
+
+def _merge(target: dict, patch: dict) -> dict:
+    """RFC 7386 JSON merge patch (what a strategic merge of plain fields amounts to)."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
+    return target
+
+
+def k8s_node(name: str, *, unschedulable: bool = False, gpus: int = 8) -> dict:
+    """A Node object as the API server returns it."""
+    return {"kind": "Node", "apiVersion": "v1",
+            "metadata": {"name": name, "uid": f"node-{name}", "resourceVersion": "1", "labels": {
+                "kubernetes.io/hostname": name, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+            "spec": {"unschedulable": unschedulable} if unschedulable else {},
+            "status": {"capacity": {"nvidia.com/gpu": str(gpus)}, "allocatable": {"nvidia.com/gpu": str(gpus)}}}
+
+
 class MockApiServer(ThreadingHTTPServer):
     """ThreadingHTTPServer on 127.0.0.1:0 serving scripted pod lists and watch streams; use as a context
     manager, which starts it in a thread and shuts it down."""
@@ -125,6 +180,11 @@ class MockApiServer(ThreadingHTTPServer):
         self.lists: list[dict] = []
         self.watches: list[list[tuple[str, dict]]] = []
         self.requests: list[tuple[str, dict]] = []
+        self.nodes: dict[str, dict] = {}
+        self.pods: dict[tuple[str, str], dict] = {}
+        self.pdb_protected: set[tuple[str, str]] = set()
+        self.writes: list[tuple[str, str, object]] = []
+        self._version = 1000
         self._thread: threading.Thread | None = None
 
     @property
@@ -151,6 +211,68 @@ class MockApiServer(ThreadingHTTPServer):
     def next_watch(self) -> list[tuple[str, dict]]:
         with self._lock:
             return self.watches.pop(0) if self.watches else []
+
+    # --- live state for remediation (cordon, eviction, deletion) ----------------------------------
+    def add_node(self, name: str, **kwargs) -> dict:
+        """Serve a Node named `name` (see `k8s_node`)."""
+        self.nodes[name] = k8s_node(name, **kwargs)
+        return self.nodes[name]
+
+    def add_pod(self, pod: dict) -> dict:
+        """Serve `pod` (e.g. from `gpu_pod`) as live state: listed, readable, evictable, deletable."""
+        meta = pod["metadata"]
+        self.pods[(meta.get("namespace", "default"), meta["name"])] = pod
+        return pod
+
+    def _bump(self, obj: dict) -> dict:
+        self._version += 1
+        obj["metadata"]["resourceVersion"] = str(self._version)
+        return obj
+
+    def live_get(self, path: str, query: dict) -> tuple[int, dict] | None:
+        """The answer from live state, or None for the scripted list/watch paths."""
+        parts = path.strip("/").split("/")
+        with self._lock:
+            if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+                node = self.nodes.get(parts[3])
+                return (200, node) if node else (404, _not_found(f'nodes "{parts[3]}"'))
+            if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 and parts[4] == "pods":
+                pod = self.pods.get((parts[3], parts[5]))
+                return (200, pod) if pod else (404, _not_found(f'pods "{parts[5]}"'))
+            if path == "/api/v1/pods" and not self.lists and query.get("watch") not in {"1", "true", "True"}:
+                return 200, self._live_list(query.get("fieldSelector", ""))
+        return None
+
+    def _live_list(self, selector: str) -> dict:
+        node = selector.removeprefix("spec.nodeName=") if selector.startswith("spec.nodeName=") else None
+        items = [p for p in self.pods.values() if node is None or p["spec"].get("nodeName") == node]
+        return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)},
+                "items": items}
+
+    def live_write(self, method: str, path: str, body: object) -> tuple[int, dict]:
+        """PATCH a node, POST an eviction, DELETE a pod; anything else is 404."""
+        parts = path.strip("/").split("/")
+        with self._lock:
+            self.writes.append((method, path, body))
+            if method == "PATCH" and parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+                node = self.nodes.get(parts[3])
+                if node is None:
+                    return 404, _not_found(f'nodes "{parts[3]}"')
+                return 200, self._bump(_merge(node, body or {}))
+            if parts[:3] == ["api", "v1", "namespaces"] and len(parts) >= 6 and parts[4] == "pods":
+                key = (parts[3], parts[5])
+                if key not in self.pods:
+                    return 404, _not_found(f'pods "{parts[5]}"')
+                if method == "POST" and parts[6:] == ["eviction"]:
+                    if key in self.pdb_protected:
+                        return 429, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429,
+                                     "reason": "TooManyRequests",
+                                     "message": "Cannot evict pod as it would violate the pod's disruption budget."}
+                    self.pods.pop(key)
+                    return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+                if method == "DELETE" and len(parts) == 6:
+                    return 200, self.pods.pop(key)
+        return 404, _not_found(path)
 
     def __enter__(self) -> MockApiServer:
         self._thread = threading.Thread(target=self.serve_forever, name="mock-apiserver", daemon=True)
