@@ -146,9 +146,8 @@ class RuleForm(forms.Form):
                 "xid_actions": ", ".join(rule["xid_actions"]),
                 "labels": ", ".join(f"{k}={v}" for k, v in rule["labels"].items())}
 
-    def kinds_of(self, name: str) -> str:
-        """The kinds that use field `name`, space-separated, for the template's data-kinds."""
-        return " ".join(KIND_FIELDS.get(name, RuleKind.values))
+    # The kinds that use a field, space-separated, for the template's data-kinds.
+    field_kinds = {name: " ".join(kinds) for name, kinds in KIND_FIELDS.items()}
 
 
 class SilenceForm(forms.Form):

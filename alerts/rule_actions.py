@@ -53,6 +53,16 @@ def validate_rule(rule: Rule) -> None:
     _check_lists(rule)
 
 
+def check_rule_fields(data: dict, rule_id: int | None = None, *, skip: tuple[str, ...] = ()) -> None:
+    """Validate `data` as a rule (the one with `rule_id` when editing) without saving; fields in `skip` are
+    left out. A form calls it to show the model's errors beside its own in one go."""
+    rule = Rule.objects.filter(pk=rule_id).first() if rule_id else None
+    rule = rule or Rule()
+    _apply(rule, {k: v for k, v in data.items() if k not in skip})
+    rule.full_clean(exclude=list(skip))
+    _check_lists(rule)
+
+
 def _save(rule: Rule) -> None:
     try:
         with transaction.atomic():  # a savepoint: a lost race on the name must not poison the outer transaction

@@ -102,7 +102,8 @@ def open_alerts(limit: int = LIST_LIMIT) -> list[dict]:
 
 @dataclass(frozen=True)
 class HistoryFilters:
-    """The history search: text in the name or labels, state, severity and a time range (all optional)."""
+    """The history search: text in the name or labels, state ("open" for firing or acknowledged), severity and
+    a time range (all optional)."""
 
     q: str = ""
     state: str = ""
@@ -116,7 +117,9 @@ def _alert_query(f: HistoryFilters) -> QuerySet[Alert]:
     if f.q:
         qs = qs.annotate(labels_text=Cast("labels", TextField()))
         qs = qs.filter(Q(name__icontains=f.q) | Q(labels_text__icontains=f.q) | Q(entity_key__icontains=f.q))
-    if f.state:
+    if f.state == "open":
+        qs = qs.filter(state__in=OPEN_STATES)
+    elif f.state:
         qs = qs.filter(state=f.state)
     if f.severity:
         qs = qs.filter(severity=f.severity)
@@ -126,6 +129,11 @@ def _alert_query(f: HistoryFilters) -> QuerySet[Alert]:
     if f.since:
         qs = qs.filter(Q(ends_at=None) | Q(ends_at__gte=f.since))
     return qs
+
+
+def find_alerts(f: HistoryFilters, limit: int = LIST_LIMIT) -> list[dict]:
+    """Alerts matching the filters (state may be "open": firing or acknowledged), newest first."""
+    return [alert_row(a) for a in _alert_query(f).select_related("acked_by").order_by("-starts_at", "-id")[:limit]]
 
 
 def search_history(f: HistoryFilters, limit: int = LIST_LIMIT) -> dict:
