@@ -1,10 +1,58 @@
-"""Inbound alerts: Prometheus Alertmanager webhook payloads."""
+"""Inbound alerts: Prometheus Alertmanager webhook payloads (version 4), authenticated by a collector token.
 
-from django.http import JsonResponse
+Point an Alertmanager receiver at it:
+
+    receivers:
+      - name: breakwater
+        webhook_configs:
+          - url: https://breakwater.example/api/v1/alerts/alertmanager
+            http_config: {authorization: {credentials: <collector token>}}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from alerts.alertmanager import PayloadError
+from alerts.lifecycle import do_ingest_alertmanager
+from telemetry.api.auth import AuthError, authenticate_collector
+
+log = logging.getLogger(__name__)
 
 
-def _todo(request, **kwargs):
-    return JsonResponse({"error": {"code": "not_implemented", "message": "not built yet"}}, status=501)
+def _error(status: int, code: str, message: str, **extra) -> JsonResponse:
+    resp = JsonResponse({"error": {"code": code, "message": message, **extra}}, status=status)
+    if status == 401:
+        resp["WWW-Authenticate"] = 'Bearer realm="breakwater-alerts"'
+    return resp
 
 
-alertmanager_webhook = _todo
+@csrf_exempt
+def alertmanager_webhook(request: HttpRequest) -> JsonResponse:
+    """POST an Alertmanager webhook: firing alerts fire or merge, resolved ones resolve; 400 names the field."""
+    if request.method != "POST":
+        resp = _error(405, "method_not_allowed", "POST an Alertmanager webhook payload")
+        resp["Allow"] = "POST"
+        return resp
+    try:
+        token = authenticate_collector(request.headers.get("Authorization"))
+        payload = json.loads(request.body)
+    except AuthError as exc:
+        return _error(exc.status, exc.code, exc.message)
+    except RequestDataTooBig:
+        return _error(413, "too_large", "the payload exceeds the request size limit")
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        return _error(400, "bad_json", f"(body): not valid JSON: {exc}", where="(body)")
+    try:
+        changed = do_ingest_alertmanager(payload, timezone.now())
+    except PayloadError as exc:
+        return _error(400, "bad_payload", str(exc), where=exc.path)
+    alerts = len(payload["alerts"])
+    log.info("alertmanager webhook from %s: %d alert(s), %d changed", token.name, alerts, len(changed))
+    return JsonResponse({"status": "ok", "received": alerts, "changed": changed})

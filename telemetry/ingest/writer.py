@@ -278,6 +278,9 @@ def _write_events(batch: Batch, resolver: Resolver, faults: list) -> dict[str, i
 
 
 def _schedule_publish() -> None:
+    from alerts.actions import schedule_evaluation  # late import: telemetry must not need alerts to load
     from telemetry import live  # late import: live pulls in the channel layer
 
     live.schedule_fleet_publish()
+    # Alert rules are evaluated on ingest, not on a slow poll (debounced to one queued run in alerts.actions).
+    transaction.on_commit(schedule_evaluation)
