@@ -1,0 +1,67 @@
+"""Writes of the alerts app outside the lifecycle: triggering rule evaluation from ingest.
+
+Ingest drives evaluation, so an XID reaches an alert within seconds, not at the next poll. Every ingest
+commit calls `schedule_evaluation()`; at 16k GPUs that is many commits a second, so the trigger is
+debounced through Redis:
+
+1. a trigger sets the flag with `SET key NX EX` and, only if it set it, queues one `evaluate` task;
+   triggers while the flag stands do nothing (one Redis round trip each);
+2. the evaluation clears the flag as it starts, before it reads anything, so a commit that lands during a
+   running evaluation sets the flag again and queues exactly one more run, which sees that commit;
+3. the flag expires on its own (FLAG_TTL_S), so a lost task (a worker killed, Redis restarted) cannot stall
+   evaluation for longer than that; the beat's evaluate every 10 s is the backstop.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from django.conf import settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+logger = logging.getLogger(__name__)
+
+FLAG_TTL_S = 30
+_client: redis.Redis | None = None
+
+
+def _redis() -> redis.Redis:
+    """One client per process that fails within about a second instead of stalling ingest."""
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5,
+                                       retry=Retry(NoBackoff(), 1))
+    return _client
+
+
+def evaluation_flag_key() -> str:
+    """Per Celery queue, so the test suite and a `./dev up` on the same Redis never share the flag."""
+    return f"{settings.CELERY_TASK_DEFAULT_QUEUE}:alerts:evaluation-queued"
+
+
+def schedule_evaluation() -> None:
+    """Queue one rule evaluation unless one is already queued. Never raises (it runs after ingest commits)."""
+    key = evaluation_flag_key()
+    try:
+        if not _redis().set(key, "1", nx=True, ex=FLAG_TTL_S):
+            return
+    except redis.RedisError as exc:
+        logger.warning("alert evaluation not scheduled (Redis): %s", exc)
+        return
+    try:
+        from alerts.tasks import evaluate
+
+        evaluate.apply_async()
+    except Exception:
+        logger.exception("alert evaluation not scheduled (broker)")
+        clear_evaluation_flag()
+
+
+def clear_evaluation_flag() -> None:
+    """Called as an evaluation starts: later commits queue the next run. Never raises."""
+    try:
+        _redis().delete(evaluation_flag_key())
+    except redis.RedisError as exc:
+        logger.warning("could not clear the alert evaluation flag: %s", exc)
