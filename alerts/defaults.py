@@ -72,6 +72,10 @@ def _channels(receiver_url: str, secret: str) -> tuple[Channel, Channel]:
     escalation, _ = Channel.objects.get_or_create(
         name="local-escalation", defaults={"kind": ChannelKind.WEBHOOK, "config": {"url": f"{base}/escalation"},
                                            "secret": secret})
+    # The RMA playbook opens its tickets on this channel (a ticket system's webhook in production).
+    Channel.objects.get_or_create(
+        name="rma-tickets", defaults={"kind": ChannelKind.WEBHOOK, "config": {"url": f"{base}/tickets"},
+                                      "secret": secret})
     return page, escalation
 
 

@@ -1,7 +1,8 @@
 """The playbooks and guard rails a new site starts from. Idempotent: found by name (playbooks) or by action and
 scope (rails), and an operator's later edits are never overwritten.
 
-Nothing destructive runs on its own: drains and resets wait for approval, tickets and requeues are suggestions.
+Nothing destructive runs on its own: drains and resets wait for approval (with a shadow of automatic draining
+beside them), tickets and requeues are suggestions.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ DEFAULT_PLAYBOOKS: list[dict] = [
      "mode": ActionMode.APPROVAL,
      "description": "XIDs whose catalogue remedy is a node drain or reboot (e.g. 79, fallen off the bus): drain the "
                     "node so the scheduler stops placing work on it."},
+    # Beside the approval above, what automatic draining WOULD have done (guard rails included), so a site
+    # can watch the automation before trusting it: switch this one to auto and the approval one off.
+    {"name": "xid-drain-node-shadow", "xid_actions": ["drain_node", "reboot_node"], "action": ActionKind.DRAIN,
+     "mode": ActionMode.SHADOW,
+     "description": "Shadow of automatic draining for the same XIDs: records the commands it would have run."},
     {"name": "xid-reset-gpu", "xid_actions": ["reset_gpu"], "action": ActionKind.GPU_RESET,
      "mode": ActionMode.APPROVAL,
      "description": "XIDs whose catalogue remedy is a GPU reset (e.g. 48 double-bit ECC, 95 uncontained ECC, "
