@@ -97,6 +97,7 @@ INSTALLED_APPS = [
     "telemetry",
     "anomaly",
     "alerts",
+    "tenancy",
     "dashboard",
 ]
 

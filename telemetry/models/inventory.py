@@ -7,6 +7,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from tenancy.scoping import ScopedQuerySet
+
 
 class HealthState(models.TextChoices):
     """Health shown for a GPU or node; colours are the UI's."""
@@ -116,6 +118,8 @@ class NvlinkDomain(models.Model):
 class Node(models.Model):
     """A GPU server. A node seen in telemetry before it is placed has no rack (unplaced)."""
 
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+
     hostname = models.CharField(max_length=253, unique=True)
     rack = models.ForeignKey(
         Rack, on_delete=models.PROTECT, null=True, blank=True, related_name="nodes"
@@ -152,6 +156,8 @@ class Node(models.Model):
 
 class Gpu(models.Model):
     """A physical GPU, identified by its UUID wherever it moves."""
+
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
 
     uuid = models.CharField(max_length=64, unique=True)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpus")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from tenancy.scoping import ScopedQuerySet
+
 
 class JobState(models.TextChoices):
     """A job's state, normalised across schedulers; colours for the UI."""
@@ -31,6 +33,8 @@ class JobState(models.TextChoices):
 
 class Job(models.Model):
     """A scheduler job (Slurm job or Kubernetes pod), keyed by its scheduler's own id."""
+
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
 
     class Source(models.TextChoices):
         SLURM = "slurm", "Slurm"
@@ -73,6 +77,8 @@ class Job(models.Model):
 class Allocation(models.Model):
     """The attribution ledger: job ↔ node ↔ GPU over [start, end). Open while end is null."""
 
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
     node = models.ForeignKey("telemetry.Node", on_delete=models.PROTECT, related_name="allocations")
     gpu = models.ForeignKey("telemetry.Gpu", on_delete=models.PROTECT, null=True, blank=True,
@@ -105,6 +111,8 @@ class Allocation(models.Model):
 
 class JobStateChange(models.Model):
     """A job's state history: preemptions, requeues, completion."""
+
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="history")
     time = models.DateTimeField()
