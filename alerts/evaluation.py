@@ -2,8 +2,9 @@
 
 A rule's query returns the entities for which its condition holds now ("hits"): inventory ids (or job keys)
 with a value. The few hits are then named in one query per entity kind (GPU UUID, node, rack, port), turned
-into `Observation`s (labels: alertname, severity, the rule's labels, the entity's labels and `entity`) and
-handed to the lifecycle, which fires, merges and resolves.
+into `Observation`s (labels: alertname, severity, the rule's labels, the entity's labels and `entity`, plus
+`tenant=<slug>` when the entity is a job or a GPU/node that one tenant's jobs hold: `tenancy.selectors.tenants_for`)
+and handed to the lifecycle, which fires, merges and resolves.
 
 Kinds and where they read:
 - threshold: a field of a last-value table (`telemetry_*_sample_latest`), fresh rows only (STALE_AFTER);
@@ -358,9 +359,11 @@ def _summary(rule: Rule, display: str, hit: Hit, labels: dict) -> str:
     return _default_summary(rule, display, hit)[:300]
 
 
-def _observation(rule: Rule, hit: Hit, entity: Entity) -> Observation:
+def _observation(rule: Rule, hit: Hit, entity: Entity, tenant: str | None = None) -> Observation:
     labels = {**{str(k): str(v) for k, v in (rule.labels or {}).items()}, **entity.labels, **hit.labels,
               "alertname": rule.name, "severity": rule.severity, "entity": hit.kind}
+    if tenant:
+        labels["tenant"] = tenant
     annotations = {**hit.annotations, "summary": _summary(rule, entity.display, hit, labels)}
     if hit.value is not None:
         annotations["value"] = f"{hit.value:.6g}"
@@ -374,7 +377,23 @@ def observe(rule: Rule, now: datetime) -> list[Observation]:
         raise RuleError(f"unknown rule kind {rule.kind!r}")
     hits = EVALUATORS[rule.kind](rule, now)
     names = name_entities(hits)
-    return [_observation(rule, h, names[(h.kind, h.ref)]) for h in hits if (h.kind, h.ref) in names]
+    tenants = hit_tenants(hits, now)
+    return [_observation(rule, h, names[(h.kind, h.ref)], tenants.get((h.kind, h.ref)))
+            for h in hits if (h.kind, h.ref) in names]
+
+
+def hit_tenants(hits: list[Hit], now: datetime) -> dict[tuple[str, int | str], str]:
+    """(kind, ref) -> tenant slug, for hits on a job (through its account) or on a GPU or node that exactly one
+    tenant's jobs hold now: the alert then carries `tenant=<slug>`, which is how the tenant's portal sees it.
+    One query per entity kind among the hits (a rule watches one kind: one query per evaluation)."""
+    from tenancy.selectors import tenants_for
+
+    by_kind: dict[str, set] = {}
+    for h in hits:
+        if h.kind in (EntityKind.JOB, EntityKind.GPU, EntityKind.NODE):
+            by_kind.setdefault(h.kind, set()).add(h.ref)
+    return {(kind, ref): slug for kind, refs in by_kind.items()
+            for ref, slug in tenants_for(kind, refs, now).items()}
 
 
 def rule_problem(rule: Rule, now: datetime) -> str | None:

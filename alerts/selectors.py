@@ -41,8 +41,10 @@ RULE_FIELDS = ("name", "kind", "entity", "metric", "op", "threshold", "for_secon
 
 
 def is_operator(user) -> bool:
-    """Who may change alerting and remediation state: staff or superusers (roles come with tenancy)."""
-    return bool(user and user.is_authenticated and (user.is_staff or user.is_superuser))
+    """Who may change alerting and remediation state: an operator (staff, superuser or operator role)."""
+    from tenancy.scoping import is_operator as operator_scope
+
+    return bool(user and user.is_authenticated and operator_scope(user))
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -112,8 +114,9 @@ class HistoryFilters:
     until: datetime | None = None
 
 
-def _alert_query(f: HistoryFilters) -> QuerySet[Alert]:
-    qs = Alert.objects.all()
+def _alert_query(f: HistoryFilters, who=None) -> QuerySet[Alert]:
+    # `who` (a user or API token) narrows to the alerts it may see; None is the operator pages' whole view.
+    qs = Alert.objects.all() if who is None else Alert.objects.visible_to(who)
     if f.q:
         qs = qs.annotate(labels_text=Cast("labels", TextField()))
         qs = qs.filter(Q(name__icontains=f.q) | Q(labels_text__icontains=f.q) | Q(entity_key__icontains=f.q))
@@ -131,9 +134,11 @@ def _alert_query(f: HistoryFilters) -> QuerySet[Alert]:
     return qs
 
 
-def find_alerts(f: HistoryFilters, limit: int = LIST_LIMIT) -> list[dict]:
-    """Alerts matching the filters (state may be "open": firing or acknowledged), newest first."""
-    return [alert_row(a) for a in _alert_query(f).select_related("acked_by").order_by("-starts_at", "-id")[:limit]]
+def find_alerts(f: HistoryFilters, limit: int = LIST_LIMIT, *, who=None) -> list[dict]:
+    """Alerts matching the filters (state may be "open": firing or acknowledged), newest first; only those
+    `who` may see when given (tenancy.scoping)."""
+    qs = _alert_query(f, who).select_related("acked_by").order_by("-starts_at", "-id")
+    return [alert_row(a) for a in qs[:limit]]
 
 
 def search_history(f: HistoryFilters, limit: int = LIST_LIMIT) -> dict:

@@ -169,6 +169,8 @@ CELERY_BEAT_SCHEDULE = {
     "alerts-evaluate": {"task": "alerts.tasks.evaluate", "schedule": timedelta(seconds=10)},
     "alerts-flush": {"task": "alerts.tasks.flush_groups", "schedule": timedelta(seconds=5)},
     "alerts-sweep": {"task": "alerts.tasks.sweep_outbox", "schedule": timedelta(seconds=15)},
+    # Usage metering: complete hours from the ledger and the rollups, plus the last few hours again (tenancy).
+    "tenancy-meter": {"task": "tenancy.tasks.meter", "schedule": timedelta(minutes=5)},
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -255,6 +257,84 @@ K8S_API_URL = _env("K8S_API_URL", "") or ""
 K8S_TOKEN = _env("K8S_TOKEN", "") or ""
 # Agent commands (power cap, GPU reset) not fetched by the node agent within this long expire.
 AGENT_COMMAND_TTL = timedelta(seconds=_env_int("AGENT_COMMAND_TTL_SECONDS", 600))
+
+# --- Usage metering (tenancy app) -------------------------------------------------------------------
+# A GPU minute whose GR-engine activity averages under this share is idle-held (allocated, not working).
+_idle_pct = _env_int("IDLE_HELD_THRESHOLD_PCT", 5)
+if not 0 <= _idle_pct <= 100:
+    raise ImproperlyConfigured(f"IDLE_HELD_THRESHOLD_PCT must be 0..100, got {_idle_pct}")
+IDLE_HELD_THRESHOLD = _idle_pct / 100
+# A node's draw besides its GPUs (CPUs, memory, NICs, fans) where no PSU reports the node's power.
+NODE_OVERHEAD_W = _env_int("NODE_OVERHEAD_W", 1500)
+# Facility over IT power where no cooling loop or facility meter reports it.
+try:
+    PUE = float(_env("PUE", "1.3") or "1.3")
+except ValueError as exc:
+    raise ImproperlyConfigured(f"PUE must be a number, got {_env('PUE')!r}") from exc
+if not 1.0 <= PUE <= 5.0:
+    raise ImproperlyConfigured(f"PUE must be between 1 and 5, got {PUE}")
+# Each pass re-meters this many hours before its watermark: ledger rows that arrive late still count.
+METERING_LATE_HOURS = _env_int("METERING_LATE_HOURS", 3)
+# A first pass (or one after a long outage) meters at most this far back.
+METERING_BACKFILL_DAYS = _env_int("METERING_BACKFILL_DAYS", 35)
+
+# --- Single sign-on (OIDC, optional; tenancy.oidc) -----------------------------------------------
+# Off unless OIDC_RP_CLIENT_ID is set; then the provider's endpoints and the client secret are required.
+# OIDC_GROUP_ROLES maps the provider's group claims to roles, e.g.
+# "bw-ops=operator,acme-admins=tenant_admin@acme,acme-devs=member@acme"; the roles are synced at every login.
+OIDC_ROLES = ("operator", "tenant_admin", "member", "viewer")
+OIDC_SIGN_ALGOS = ("HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256", "ES384", "ES512")
+
+
+def _oidc_required(name: str) -> str:
+    value = (_env(name) or "").strip()
+    if not value:
+        raise ImproperlyConfigured(f"{name} must be set when OIDC_RP_CLIENT_ID is (single sign-on)")
+    if name.endswith("_ENDPOINT") and urlsplit(value).scheme not in ("http", "https"):
+        raise ImproperlyConfigured(f"{name} must be an http(s) URL, got {value!r}")
+    return value
+
+
+def _oidc_group_roles(raw: str) -> dict[str, tuple[str, str | None]]:
+    """"group=role[@tenant-slug],..." -> {group: (role, slug or None)}; operator takes no slug, the rest need one."""
+    roles: dict[str, tuple[str, str | None]] = {}
+    for entry in filter(None, (e.strip() for e in raw.split(","))):
+        group, eq, grant = (p.strip() for p in entry.partition("="))
+        role, at, slug = (p.strip() for p in grant.partition("@"))
+        if not group or not eq or role not in OIDC_ROLES:
+            raise ImproperlyConfigured(f"OIDC_GROUP_ROLES: {entry!r} is not group=role[@tenant] with a role of "
+                                       f"{', '.join(OIDC_ROLES)}")
+        if (role == "operator") == bool(at):
+            need = "takes no @tenant" if role == "operator" else "needs @tenant-slug"
+            raise ImproperlyConfigured(f"OIDC_GROUP_ROLES: {entry!r}: {role} {need}")
+        if at and not slug.replace("-", "").replace("_", "").isalnum():
+            raise ImproperlyConfigured(f"OIDC_GROUP_ROLES: {entry!r}: {slug!r} is not a tenant slug")
+        if group in roles:
+            raise ImproperlyConfigured(f"OIDC_GROUP_ROLES: group {group!r} is mapped twice")
+        roles[group] = (role, slug or None)
+    return roles
+
+
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+OIDC_RP_CLIENT_ID = (_env("OIDC_RP_CLIENT_ID") or "").strip()
+OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+if OIDC_ENABLED:
+    OIDC_RP_CLIENT_SECRET = _oidc_required("OIDC_RP_CLIENT_SECRET")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = _oidc_required("OIDC_OP_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = _oidc_required("OIDC_OP_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = _oidc_required("OIDC_OP_USER_ENDPOINT")
+    OIDC_RP_SIGN_ALGO = (_env("OIDC_RP_SIGN_ALGO") or "RS256").strip()
+    if OIDC_RP_SIGN_ALGO not in OIDC_SIGN_ALGOS:
+        raise ImproperlyConfigured(f"OIDC_RP_SIGN_ALGO must be one of {', '.join(OIDC_SIGN_ALGOS)}, "
+                                   f"got {OIDC_RP_SIGN_ALGO!r}")
+    if not OIDC_RP_SIGN_ALGO.startswith("HS"):  # asymmetric: the provider's public keys come from its JWKS
+        OIDC_OP_JWKS_ENDPOINT = _oidc_required("OIDC_OP_JWKS_ENDPOINT")
+    OIDC_RP_SCOPES = _env("OIDC_RP_SCOPES", "openid email profile groups") or "openid email profile groups"
+    OIDC_GROUPS_CLAIM = (_env("OIDC_GROUPS_CLAIM") or "groups").strip()
+    OIDC_GROUP_ROLES = _oidc_group_roles(_env("OIDC_GROUP_ROLES") or "")
+    OIDC_TIMEOUT = _env_int("OIDC_TIMEOUT_SECONDS", 10)
+    OIDC_USERNAME_ALGO = "tenancy.oidc.username_from_claims"
+    AUTHENTICATION_BACKENDS.append("tenancy.oidc.GroupRolesOIDCBackend")
 
 LOGGING = {
     "version": 1,

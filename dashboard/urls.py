@@ -6,7 +6,7 @@ from django.urls import include, path
 
 import dashboard.dash_apps  # noqa: F401  (registers the Dash apps before the first request)
 from dashboard import views
-from dashboard.pages import alerts, anomalies, fabric, facility, inventory, jobs, reliability
+from dashboard.pages import alerts, anomalies, chargeback, fabric, facility, inventory, jobs, portal, reliability
 
 urlpatterns = [
     path("", views.fleet, name="fleet"),
@@ -43,6 +43,30 @@ urlpatterns = [
     path("remediation/<int:action_id>/reject/", alerts.action_reject, name="action-reject"),
     path("remediation/drain/", alerts.action_drain, name="action-drain"),
     path("audit/", alerts.audit, name="audit"),
+    # The tenant portal: a tenant's own jobs, usage, costs, invoices, alerts and GPU health.
+    path("portal/", portal.portal_home, name="portal-home"),
+    path("portal/<slug:slug>/", portal.portal, name="portal"),
+    path("portal/<slug:slug>/jobs/", portal.portal_jobs, name="portal-jobs"),
+    path("portal/<slug:slug>/invoices/", portal.portal_invoices, name="portal-invoices"),
+    path("portal/<slug:slug>/invoices/<str:number>.csv", portal.portal_invoice_export, {"fmt": "csv"},
+         name="portal-invoice-csv"),
+    path("portal/<slug:slug>/invoices/<str:number>.json", portal.portal_invoice_export, {"fmt": "json"},
+         name="portal-invoice-json"),
+    path("portal/<slug:slug>/invoices/<str:number>/", portal.portal_invoice, name="portal-invoice"),
+    path("portal/<slug:slug>/usage.csv", portal.portal_usage_csv, name="portal-usage-csv"),
+    path("portal/<slug:slug>/health/", portal.portal_health, name="portal-health"),
+    # Chargeback (operators): every tenant's usage and cost, fair share, quotas, invoices and corrections.
+    path("chargeback/", chargeback.chargeback, name="chargeback"),
+    path("chargeback/generate/", chargeback.generate, name="chargeback-generate"),
+    path("chargeback/usage.csv", chargeback.usage_export, name="chargeback-usage-csv"),
+    path("chargeback/tenants/<slug:slug>/billing-mode/", chargeback.billing_mode, name="chargeback-billing-mode"),
+    path("chargeback/invoices/<str:number>.csv", chargeback.invoice_export, {"fmt": "csv"},
+         name="chargeback-invoice-csv"),
+    path("chargeback/invoices/<str:number>.json", chargeback.invoice_export, {"fmt": "json"},
+         name="chargeback-invoice-json"),
+    path("chargeback/invoices/<str:number>/", chargeback.invoice_detail, name="chargeback-invoice"),
+    path("chargeback/invoices/<str:number>/finalize/", chargeback.finalize, name="chargeback-finalize"),
+    path("chargeback/lines/<int:line_id>/correct/", chargeback.correct_line, name="chargeback-correct"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -18,6 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from alerts.remediation.backends.agent import AgentResultError, do_poll_agent_commands, do_record_agent_result
 from telemetry.api.auth import AuthError, authenticate_collector
+from tenancy.access import collector_endpoint
 
 MAX_RESULT_BYTES = 64 * 1024
 
@@ -71,6 +72,7 @@ def _result(request: HttpRequest, command_id: int) -> JsonResponse:
     return JsonResponse({"id": cmd.pk, "state": cmd.state})
 
 
+@collector_endpoint
 @csrf_exempt
 async def poll_commands(request: HttpRequest) -> JsonResponse:
     """GET /api/v1/agent/commands?host=NAME — see the module docstring."""
@@ -81,6 +83,7 @@ async def poll_commands(request: HttpRequest) -> JsonResponse:
     return await sync_to_async(_guarded(_poll), thread_sensitive=False)(request)
 
 
+@collector_endpoint
 @csrf_exempt
 async def command_result(request: HttpRequest, command_id: int) -> JsonResponse:
     """POST /api/v1/agent/commands/<id>/result — see the module docstring."""

@@ -22,6 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from alerts.alertmanager import PayloadError
 from alerts.lifecycle import do_ingest_alertmanager
 from telemetry.api.auth import AuthError, authenticate_collector
+from tenancy.access import collector_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ def _error(status: int, code: str, message: str, **extra) -> JsonResponse:
     return resp
 
 
+@collector_endpoint
 @csrf_exempt
 def alertmanager_webhook(request: HttpRequest) -> JsonResponse:
     """POST an Alertmanager webhook: firing alerts fire or merge, resolved ones resolve; 400 names the field."""

@@ -1,10 +1,12 @@
 """Operator API for alerts, rules, silences, channels, remediation and audit (JSON, under /api/v1/).
 
-Authentication is the operator's session for now (operator tokens come later): reads need a signed-in user,
-writes an operator (`alerts.selectors.is_operator`) and, like any session write, a CSRF token (header
-X-CSRFToken). Errors are {"error": {"code", "message"}} with the HTTP status: 400 names the field at fault
-("field", and "fields" for all of them), 401 unauthenticated, 403 not an operator, 404, 405 (with Allow),
-409 when the object's state refuses the change (acknowledging a resolved alert, approving a decided action).
+Authentication (tenancy.auth): a session, or `Authorization: Bearer bwt_…` (an API token). Every endpoint is
+operators' (and operator tokens'), except the alert list: a tenant's users and tokens read their own alerts
+there (`Alert.objects.visible_to`). A session write also needs a CSRF token (header X-CSRFToken); a token
+write a token that is not read-only. Errors are {"error": {"code", "message"}} with the HTTP status: 400 names
+the field at fault ("field", and "fields" for all of them), 401 unauthenticated, 403 not allowed (collector
+tokens: `collector_token`), 404, 405 (with Allow), 409 when the object's state refuses the change
+(acknowledging a resolved alert, approving a decided action).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from datetime import UTC, datetime
 
 from django.core.exceptions import NON_FIELD_ERRORS, ObjectDoesNotExist, ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
@@ -24,6 +25,8 @@ from django.views.decorators.csrf import csrf_exempt
 from alerts import rule_actions, selectors
 from alerts.forms import parse_duration, parse_matchers
 from alerts.models import ActionState, AlertState, Severity
+from tenancy.access import csrf_failure_reason, mark
+from tenancy.auth import AccessDenied, acting_user, check_api_access, is_token_request
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 MAX_LIMIT = 1000
@@ -52,29 +55,21 @@ def invalid(exc: ValidationError) -> ApiError:
     return ApiError(400, "invalid", message, field=None if name == NON_FIELD_ERRORS else name, fields=fields)
 
 
-class _CsrfCheck(CsrfViewMiddleware):
-    # Django's own check, answering with the reason instead of a 403 page.
-    def _reject(self, request, reason):
-        return reason
+def endpoint(*, tenant_reads: bool = False, **handlers: Callable) -> Callable:
+    """A JSON view dispatching on the method (GET=..., POST=...), with the checks every endpoint shares.
 
-
-def _csrf_failure(request: HttpRequest) -> str | None:
-    check = _CsrfCheck(lambda req: None)
-    check.process_request(request)
-    return check.process_view(request, None, (), {})
-
-
-def endpoint(**handlers: Callable) -> Callable:
-    """A JSON view dispatching on the method (GET=..., POST=...), with the checks every endpoint shares."""
+    Operators only, unless `tenant_reads`: then tenants' users and tokens may read (the handler scopes
+    its rows with visible_to(request.who)).
+    """
     allow = ", ".join(sorted(handlers))
 
     @csrf_exempt  # enforced below for session writes, after the 401/403 checks, so errors stay JSON
     def view(request: HttpRequest, **kwargs) -> JsonResponse:
         handler = handlers.get("GET" if request.method == "HEAD" else request.method)
         try:
+            _check_access(request, tenant_reads)  # first: who may not be here learns nothing of the methods
             if handler is None:
                 raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here; use {allow}")
-            _check_access(request)
             return handler(request, **kwargs)
         except ApiError as exc:
             return exc.response({"Allow": allow} if exc.status == 405 else None)
@@ -85,7 +80,7 @@ def endpoint(**handlers: Callable) -> Callable:
         except _refusals() as exc:  # the actions' refusal: bad input, or a state that does not allow the change
             return _refusal(exc).response()
 
-    return view
+    return mark(view, "tenant" if tenant_reads else "operator")
 
 
 def _refusals() -> tuple[type[Exception], ...]:
@@ -103,14 +98,14 @@ def _refusal(exc: Exception) -> ApiError:
     return ApiError(409, "conflict", str(exc))
 
 
-def _check_access(request: HttpRequest) -> None:
-    if not request.user.is_authenticated:
-        raise ApiError(401, "not_authenticated", "Sign in first (session authentication).")
-    if request.method in SAFE_METHODS:
-        return
-    if not selectors.is_operator(request.user):
-        raise ApiError(403, "forbidden", "Only operators may change alerting and remediation state.")
-    reason = _csrf_failure(request)
+def _check_access(request: HttpRequest, tenant_reads: bool) -> None:
+    try:
+        check_api_access(request, operator=not (tenant_reads and request.method in SAFE_METHODS))
+    except AccessDenied as exc:
+        raise ApiError(exc.status, exc.code, exc.message) from exc
+    if request.method in SAFE_METHODS or is_token_request(request):
+        return  # a token comes without cookies: only session writes can be forged across sites
+    reason = csrf_failure_reason(request)
     if reason:
         raise ApiError(403, "csrf_failed", f"CSRF check failed: {reason}; send the csrftoken cookie's value as "
                                            "X-CSRFToken")
@@ -183,7 +178,7 @@ def _get_alerts(request):
                                  severity=_choice(p, "severity", Severity.values),
                                  since=_time(p.get("since"), "since"), until=_time(p.get("until"), "until"))
     limit = _limit(p)
-    rows = selectors.find_alerts(f, limit)
+    rows = selectors.find_alerts(f, limit, who=request.who)
     return JsonResponse({"alerts": rows, "count": len(rows), "limited": len(rows) >= limit})
 
 
@@ -195,11 +190,11 @@ def _ack(request, alert_id: int):
     """POST acknowledges, DELETE withdraws the acknowledgement; {"note": "..."} optional either way."""
     note = _text(_body(request), "note")
     name = "do_ack_alert" if request.method == "POST" else "do_unack_alert"
-    _action(name, "alerts.lifecycle")(alert_id, request.user, note)
+    _action(name, "alerts.lifecycle")(alert_id, acting_user(request), note)
     return JsonResponse(_found(selectors.alert_detail(alert_id), "alert"))
 
 
-alert_list = endpoint(GET=_get_alerts)
+alert_list = endpoint(GET=_get_alerts, tenant_reads=True)
 alert_detail = endpoint(GET=_get_alert)
 alert_ack = endpoint(POST=_ack, DELETE=_ack)
 
@@ -211,7 +206,7 @@ def _get_rules(request):
 
 
 def _create_rule(request):
-    rule = rule_actions.do_create_rule(_body(request), request.user)
+    rule = rule_actions.do_create_rule(_body(request), acting_user(request))
     resp = JsonResponse(selectors.rule_detail(rule.pk), status=201)
     resp["Location"] = f"/api/v1/rules/{rule.pk}"
     return resp
@@ -230,12 +225,12 @@ def _update_rule(request, rule_id: int):
             raise ApiError(400, "invalid", f"{missing[0]}: is required (PUT replaces the whole rule; PATCH changes "
                                            "some fields)", field=missing[0])
         data = {**rule_actions.rule_defaults(), **data}
-    rule_actions.do_update_rule(rule_id, data, request.user)
+    rule_actions.do_update_rule(rule_id, data, acting_user(request))
     return JsonResponse(selectors.rule_detail(rule_id))
 
 
 def _delete_rule(request, rule_id: int):
-    rule_actions.do_delete_rule(rule_id, request.user)
+    rule_actions.do_delete_rule(rule_id, acting_user(request))
     return HttpResponse(status=204)
 
 
@@ -275,8 +270,8 @@ def _create_silence(request):
         except ValidationError as exc:
             raise ValidationError({"duration": exc.messages}) from exc
     create = _action("do_create_silence", "alerts.silences")
-    silence = create(_silence_matchers(data.get("matchers")), starts, ends, _text(data, "comment"), request.user,
-                     kind=_text(data, "kind") or "silence", now=now)
+    silence = create(_silence_matchers(data.get("matchers")), starts, ends, _text(data, "comment"),
+                     acting_user(request), kind=_text(data, "kind") or "silence", now=now)
     return JsonResponse(selectors.silence_detail(silence.pk, timezone.now()), status=201)
 
 
@@ -285,7 +280,7 @@ def _get_silence(request, silence_id: int):
 
 
 def _expire_silence(request, silence_id: int):
-    _action("do_expire_silence", "alerts.silences")(silence_id, request.user)
+    _action("do_expire_silence", "alerts.silences")(silence_id, acting_user(request))
     return JsonResponse(selectors.silence_detail(silence_id, timezone.now()))
 
 
@@ -305,7 +300,7 @@ def _test_channel(request, channel_id: int):
         send = _action("do_send_test", "alerts.delivery")
     except AttributeError:
         send = _action("do_send_test", "alerts.actions")
-    n = send(channel_id, request.user)
+    n = send(channel_id, acting_user(request))
     return JsonResponse({"notification": selectors.notification_detail(n.pk),
                          "url": f"/alerts/notifications/{n.pk}/"}, status=202)
 
@@ -329,14 +324,14 @@ def _action_row(action_id: int) -> dict:
 
 
 def _approve(request, action_id: int):
-    _action("do_approve_action", "alerts.remediation.actions")(action_id, request.user)
+    _action("do_approve_action", "alerts.remediation.actions")(action_id, acting_user(request))
     return JsonResponse(_action_row(action_id))
 
 
 def _reject(request, action_id: int):
     """{"reason": "..."} is required: it goes to the audit log."""
     reason = _text(_body(request), "reason", required=True)
-    _action("do_reject_action", "alerts.remediation.actions")(action_id, request.user, reason)
+    _action("do_reject_action", "alerts.remediation.actions")(action_id, acting_user(request), reason)
     return JsonResponse(_action_row(action_id))
 
 

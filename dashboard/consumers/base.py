@@ -12,22 +12,42 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from telemetry.live import TELEMETRY_GROUP
+from tenancy.scoping import is_operator
 
 logger = logging.getLogger(__name__)
 
-# Application close code for "not signed in" (4000-4999 are free for applications).
+# Application close codes (4000-4999 are free for applications): not signed in; signed in but not allowed.
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+
+
+async def admit_operator(consumer: AsyncJsonWebsocketConsumer) -> bool:
+    """Whether the connecting user is an operator; anyone else is refused (4401 anonymous, 4403 the rest).
+
+    These streams carry cluster-wide state, which a tenant's user must not see: their live views are the
+    portal's, whose groups are per tenant.
+    """
+    user = consumer.scope["user"]
+    if not user.is_authenticated:
+        await consumer.close(code=CLOSE_UNAUTHENTICATED)
+        return False
+    if not await database_sync_to_async(is_operator)(user):
+        await consumer.close(code=CLOSE_FORBIDDEN)
+        return False
+    return True
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
-    """Base for a page that recomputes its change on every telemetry tick."""
+    """Base for a page that recomputes its change on every telemetry tick (operators only)."""
+
+    bw_access = "operator"  # read by the isolation test (tests/tenancy/test_isolation.py)
 
     async def connect(self) -> None:
-        if not self.scope["user"].is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        if not await admit_operator(self):
             return
         self._running: asyncio.Task | None = None
         self._again = False

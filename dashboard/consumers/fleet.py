@@ -5,17 +5,18 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from dashboard.consumers.base import CLOSE_UNAUTHENTICATED
+from dashboard.consumers.base import admit_operator
 from telemetry.live import FLEET_GROUP
 from telemetry.selectors import fleet_summary
 
 
 class FleetConsumer(AsyncJsonWebsocketConsumer):
-    """Pushes fleet summary changes to the operator's first page."""
+    """Pushes fleet summary changes to the operator's first page (operators only)."""
+
+    bw_access = "operator"  # read by the isolation test (tests/tenancy/test_isolation.py)
 
     async def connect(self) -> None:
-        if not self.scope["user"].is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        if not await admit_operator(self):
             return
         # Join before reading, so a change committed while we read is still pushed afterwards.
         await self.channel_layer.group_add(FLEET_GROUP, self.channel_name)

@@ -1,8 +1,9 @@
 """Alerting and remediation pages: alerts and their history, rules, silences, routing, channels, the remediation
 queue and the audit log.
 
-Every page needs a signed-in user; every change needs an operator (`alerts.selectors.is_operator`) and is a
-POST with CSRF that calls one action and redirects back (post/redirect/get) with its outcome as a message.
+Every page is an operator's (`tenancy.access.operator_required`: the login page for anonymous visitors, 403
+for tenants' users, whose alerts are in their portal); every change is a POST with CSRF that calls one action
+and redirects back (post/redirect/get) with its outcome as a message.
 The actions of the other alerting modules (lifecycle, silences, delivery, remediation) are imported inside
 the views, so these pages load whichever of them exists.
 """
@@ -13,15 +14,12 @@ import importlib
 import json
 from collections.abc import Callable
 from datetime import datetime
-from functools import wraps
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.core.exceptions import (
     NON_FIELD_ERRORS,
     ImproperlyConfigured,
     ObjectDoesNotExist,
-    PermissionDenied,
     ValidationError,
 )
 from django.http import Http404, HttpResponseRedirect
@@ -34,24 +32,12 @@ from django.views.decorators.http import require_POST, require_safe
 from alerts import forms, rule_actions, selectors
 from alerts.models import ActionState, AlertState, NotificationStatus, Severity
 from dashboard.pages.inventory import duration, when
+from tenancy.access import operator_required
 
 
 def now() -> datetime:
     """The pages' clock (tests pin it)."""
     return timezone.now()
-
-
-def operator_required(view: Callable) -> Callable:
-    """Signed in (else the login page), and an operator (else 403); for POST-only views."""
-
-    @wraps(view)
-    @login_required
-    def wrapper(request, *args, **kwargs):
-        if not selectors.is_operator(request.user):
-            raise PermissionDenied("Only operators may change alerting and remediation state.")
-        return view(request, *args, **kwargs)
-
-    return wrapper
 
 
 def _refusals() -> tuple[type[Exception], ...]:
@@ -159,8 +145,8 @@ def silence_text(labels: dict) -> str:
 
 # --- Alerts ------------------------------------------------------------------------------------------
 
+@operator_required
 @require_safe
-@login_required
 def alert_list(request):
     """Open alerts, and the history search over every alert, its events and notifications."""
     at = now()
@@ -181,8 +167,8 @@ def alert_list(request):
         "history": history, "operator": selectors.is_operator(request.user), "tab": "alerts"}, status=status)
 
 
+@operator_required
 @require_safe
-@login_required
 def alert_detail(request, alert_id: int):
     """One alert: labels, annotations, timeline, notifications with every delivery attempt, actions."""
     row = selectors.alert_detail(alert_id)
@@ -196,8 +182,8 @@ def alert_detail(request, alert_id: int):
                                                  "tab": "alerts"})
 
 
-@require_POST
 @operator_required
+@require_POST
 def alert_ack(request, alert_id: int):
     """Acknowledge an alert (or withdraw the acknowledgement with undo=1)."""
     note = request.POST.get("note", "").strip()[:500]
@@ -245,12 +231,10 @@ def _more_rule_errors(form: forms.RuleForm, rule_id: int | None) -> None:
                 form.add_error(name, msgs)
 
 
-@login_required
+@operator_required
 def rule_list(request):
     """Every rule, and the form to create one (POST, operators only)."""
     if request.method == "POST":
-        if not selectors.is_operator(request.user):
-            raise PermissionDenied("Only operators may create rules.")
         form = forms.RuleForm(request.POST)
         if _save_rule(request, form, None):
             return redirect("alert-rules")
@@ -258,15 +242,13 @@ def rule_list(request):
     return _rules_page(request, forms.RuleForm(), None)
 
 
-@login_required
+@operator_required
 def rule_edit(request, rule_id: int):
     """Edit one rule (POST, operators only); the list stays beside the form."""
     rule = selectors.rule_detail(rule_id)
     if rule is None:
         raise Http404("No such rule.")
     if request.method == "POST":
-        if not selectors.is_operator(request.user):
-            raise PermissionDenied("Only operators may change rules.")
         form = forms.RuleForm(request.POST)
         if _save_rule(request, form, rule_id):
             return redirect("alert-rules")
@@ -274,8 +256,8 @@ def rule_edit(request, rule_id: int):
     return _rules_page(request, forms.RuleForm(initial=forms.RuleForm.initial_from(rule)), rule)
 
 
-@require_POST
 @operator_required
+@require_POST
 def rule_enabled(request, rule_id: int):
     """Switch a rule on (enabled=1) or off."""
     enabled = request.POST.get("enabled") == "1"
@@ -284,8 +266,8 @@ def rule_enabled(request, rule_id: int):
     return redirect("alert-rules")
 
 
-@require_POST
 @operator_required
+@require_POST
 def rule_delete(request, rule_id: int):
     """Delete a rule (its alerts resolve; their history stays)."""
     _attempt(request, lambda: rule_actions.do_delete_rule(rule_id, request.user), "Rule deleted.")
@@ -300,15 +282,13 @@ def _silences_page(request, form: forms.SilenceForm, at: datetime, status: int =
         "form": form, "operator": selectors.is_operator(request.user), "tab": "silences"}, status=status)
 
 
-@login_required
+@operator_required
 def silence_list(request):
     """Active, pending and expired silences and maintenance windows; the create form (POST, operators only)."""
     at = now()
     if request.method != "POST":
         initial = {"matchers_text": request.GET.get("matchers", "")}
         return _silences_page(request, forms.SilenceForm(initial=initial, now=at), at)
-    if not selectors.is_operator(request.user):
-        raise PermissionDenied("Only operators may create silences.")
     form = forms.SilenceForm(request.POST, now=at)
     if form.is_valid():
         do_create_silence = _action("do_create_silence", "alerts.silences")
@@ -324,8 +304,8 @@ def silence_list(request):
     return _silences_page(request, form, at, status=400)
 
 
-@require_POST
 @operator_required
+@require_POST
 def silence_expire(request, silence_id: int):
     """End a silence now."""
     do_expire_silence = _action("do_expire_silence", "alerts.silences")
@@ -333,8 +313,8 @@ def silence_expire(request, silence_id: int):
     return redirect("silences")
 
 
+@operator_required
 @require_safe
-@login_required
 def routing(request):
     """The routing tree and the inhibition rules (read-only; the admin edits them)."""
     return render(request, "alerts/routing.html", {"tree": selectors.routing_tree(),
@@ -343,8 +323,8 @@ def routing(request):
 
 # --- Channels and notifications ------------------------------------------------------------------------
 
+@operator_required
 @require_safe
-@login_required
 def channel_list(request):
     """Channels with their state, last success and last test; it refreshes itself while a test is in flight."""
     rows = selectors.channel_list()
@@ -358,8 +338,8 @@ def channel_list(request):
         "tab": "channels", "operator": selectors.is_operator(request.user)})
 
 
-@require_POST
 @operator_required
+@require_POST
 def channel_test(request, channel_id: int):
     """Send a test notification through a channel; the page then shows how its delivery went."""
     do_send_test = _action("do_send_test", "alerts.delivery", "alerts.actions")
@@ -368,8 +348,8 @@ def channel_test(request, channel_id: int):
     return redirect(f"{reverse('channels')}?tested={sent[0].pk}" if sent else "channels")
 
 
-@require_POST
 @operator_required
+@require_POST
 def channel_enable(request, channel_id: int):
     """Switch a channel back on after a permanent delivery error was fixed."""
     do_enable_channel = _action("do_enable_channel", "alerts.delivery", "alerts.actions")
@@ -377,8 +357,8 @@ def channel_enable(request, channel_id: int):
     return redirect("channels")
 
 
+@operator_required
 @require_safe
-@login_required
 def notification_detail(request, notification_id: int):
     """One notification: its payload and every delivery attempt (request, response, status, duration)."""
     row = selectors.notification_detail(notification_id)
@@ -390,8 +370,8 @@ def notification_detail(request, notification_id: int):
 
 # --- Remediation ---------------------------------------------------------------------------------------
 
+@operator_required
 @require_safe
-@login_required
 def remediation(request):
     """The approvals queue, suggestions, shadow-mode records and recent executions with their verification."""
     sections = {k: [display_action(x) for x in v] for k, v in selectors.remediation_overview().items()}
@@ -400,8 +380,8 @@ def remediation(request):
         "operator": selectors.is_operator(request.user)})
 
 
-@require_POST
 @operator_required
+@require_POST
 def action_approve(request, action_id: int):
     """Approve an action awaiting approval; it runs from here."""
     do_approve_action = _action("do_approve_action", "alerts.remediation.actions")
@@ -409,8 +389,8 @@ def action_approve(request, action_id: int):
     return redirect("remediation")
 
 
-@require_POST
 @operator_required
+@require_POST
 def action_reject(request, action_id: int):
     """Reject an action awaiting approval, with a reason."""
     do_reject_action = _action("do_reject_action", "alerts.remediation.actions")
@@ -423,8 +403,8 @@ def action_reject(request, action_id: int):
     return redirect("remediation")
 
 
-@require_POST
 @operator_required
+@require_POST
 def action_drain(request):
     """Ask for a node to be drained by hand; it waits in the approvals queue (guard rails still apply)."""
     do_request_action = _action("do_request_action", "alerts.remediation.actions")
@@ -443,8 +423,8 @@ def action_drain(request):
 
 # --- Audit ---------------------------------------------------------------------------------------------
 
+@operator_required
 @require_safe
-@login_required
 def audit(request):
     """The append-only audit log, searchable; there is no way to change it here (or anywhere)."""
     search = forms.AuditForm(request.GET or None)

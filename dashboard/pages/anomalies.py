@@ -18,7 +18,6 @@ import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -26,6 +25,7 @@ from anomaly import selectors
 from anomaly.models import AnomalyKind
 from dashboard.pages import inventory  # a module import: inventory imports this module too
 from dashboard.staticfiles import DASH_ASSET_VERSION
+from tenancy.access import operator_required
 
 # ?state=: open events only, or every event open at some point in the window.
 WINDOWS = {"open": None, "24h": timedelta(hours=24), "7d": timedelta(days=7)}
@@ -210,7 +210,7 @@ def job_section(key: str) -> dict:
 
 # --- The page --------------------------------------------------------------------------------------
 
-@login_required
+@operator_required
 def anomaly_list(request):
     """Open and recent anomaly and risk events, filterable by state, detector and text."""
     base = {"states": STATE_LABELS, "kinds": AnomalyKind.choices, "plotly_version": DASH_ASSET_VERSION,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
+from tenancy.access import operator_required
 
-@login_required
+
+@operator_required
 def fabric(request):
     """The fabric's matrix, worst links and switch graph; the Dash app loads its own data."""
     return render(request, "fabric.html")

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
+from tenancy.access import operator_required
 
-@login_required
+
+@operator_required
 def nvlink(request):
     """GPUs grouped by NVLink domain, coloured by error rate or bandwidth (Dash app `nvlink`)."""
     return render(request, "nvlink.html")
 
 
-@login_required
+@operator_required
 def power(request):
     """Rack power against cap, row and hall totals, cooling loops and PUE (Dash app `power`)."""
     return render(request, "power.html")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from urllib.parse import urlencode
 
-from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -18,6 +17,7 @@ from django.urls import reverse
 from dashboard.pages import anomalies  # a module import: anomalies imports this module too
 from telemetry import selectors
 from telemetry.models import GpuEventKind, HealthState
+from tenancy.access import operator_required
 
 # Okabe-Ito: told apart with every common colour-vision deficiency; the page writes the word too.
 SEVERITY_COLOURS = {"info": "#0072b2", "warning": "#e69f00", "critical": "#d55e00"}
@@ -99,7 +99,7 @@ def _tenant_url(account: str) -> str:
 
 # --- Pages -------------------------------------------------------------------------------------
 
-@login_required
+@operator_required
 def gpu_detail(request, uuid: str):
     """One GPU: where it is, what it is, who holds it, every current value, a plot, faults, ledger."""
     gpu = selectors.gpu_detail(uuid)
@@ -119,7 +119,7 @@ def gpu_detail(request, uuid: str):
     })
 
 
-@login_required
+@operator_required
 def node_detail(request, hostname: str):
     """One node: location, its GPUs now, HCA ports, power, jobs, ledger and a plot across its GPUs."""
     node = selectors.node_detail(hostname)
@@ -137,7 +137,7 @@ def node_detail(request, hostname: str):
     })
 
 
-@login_required
+@operator_required
 def port_detail(request, port_id: int):
     """One fabric port: what and where it is, the port at the far end, current values and rates."""
     detail = selectors.port_detail(port_id)
@@ -157,7 +157,7 @@ def port_detail(request, port_id: int):
     })
 
 
-@login_required
+@operator_required
 def search(request):
     """Results grouped by kind; exactly one exact match goes straight to its page."""
     q = request.GET.get("q", "").strip()

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from dashboard.pages.anomalies import job_section
 from telemetry.selectors.jobs import get_job
+from tenancy.access import operator_required
 
 
-@login_required
+@operator_required
 def job_list(request):
     """Every job, filterable, newest first (Dash app `jobs`)."""
     return render(request, "jobs.html")
 
 
-@login_required
+@operator_required
 def job_detail(request, key: str):
     """One job's gang on the topology, its stragglers and step times (Dash app `job`).
 

@@ -8,11 +8,11 @@ served plotly.js), the hazard table with formatted numbers, and the cage effect 
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from anomaly.selectors import fleet_survival
 from dashboard.staticfiles import DASH_ASSET_VERSION
+from tenancy.access import operator_required
 
 SCOPES = {"old": "Old batch (installed 2013-15)", "new": "New batch (installed 2016-19)", "all": "All GPUs"}
 DEFAULT_SCOPE = "old"
@@ -131,7 +131,7 @@ def reliability_context(scope: str) -> dict:
             "scope_n": report.get(f"n_{scope}", 0), "scope_failures": report.get(f"failures_{scope}", 0)}
 
 
-@login_required
+@operator_required
 def reliability(request):
     """Kaplan-Meier curves and the hazard model of GPU lifetimes by location and age."""
     scope = request.GET.get("batch", DEFAULT_SCOPE)

@@ -7,6 +7,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from telemetry.models import CollectorToken
+from tenancy.models import ApiToken
 
 
 class AuthError(Exception):
@@ -24,6 +25,9 @@ def authenticate_collector(header: str | None) -> CollectorToken:
     scheme, _, raw = header.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
         raise AuthError(401, "unauthenticated", "Authorization must be 'Bearer <collector token>'")
+    if raw.strip().startswith(ApiToken.PREFIX):
+        # An API token reads the API; only a collector's credential may write telemetry.
+        raise AuthError(403, "api_token", "API tokens cannot ingest; use a collector token")
     token = CollectorToken.objects.filter(token_hash=CollectorToken.hash(raw.strip())).first()
     if token is None:
         raise AuthError(403, "bad_token", "unknown collector token")

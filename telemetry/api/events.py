@@ -1,16 +1,16 @@
-"""Read API for GPU fault events (operators; tenant scoping arrives with tenancy)."""
+"""Read API for GPU fault events (operators and operator tokens: fault events are cluster-wide)."""
 
 from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 
 from telemetry.selectors import gpu_events
+from tenancy.access import api_view
 
 
+@api_view(operator=True)
 def list_events(request: HttpRequest) -> JsonResponse:
     """GET /api/v1/events[?gpu=UUID&kind=xid&open=1&limit=100] — newest first."""
-    if not request.user.is_authenticated:
-        return JsonResponse({"error": {"code": "unauthenticated", "message": "log in first"}}, status=401)
     try:
         limit = min(1000, max(1, int(request.GET.get("limit", "100"))))
     except ValueError:

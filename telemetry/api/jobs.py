@@ -29,6 +29,7 @@ from telemetry.ingest.schema import BatchError, _loads
 from telemetry.models import JobState
 from telemetry.slurm import parse
 from telemetry.slurm.sync import ENDED, STATES, do_sync_slurm
+from tenancy.access import collector_endpoint
 
 SOURCES = ("slurm",)  # Kubernetes reports through its own watcher (telemetry.k8s)
 MAX_JOBS = 50_000
@@ -223,6 +224,7 @@ def _handle(request: HttpRequest) -> JsonResponse:
     return JsonResponse(result)
 
 
+@collector_endpoint
 @csrf_exempt
 async def ingest_jobs(request: HttpRequest) -> JsonResponse:
     """POST /api/v1/jobs — see the module docstring."""

@@ -25,6 +25,7 @@ from telemetry.api.auth import AuthError, authenticate_collector
 from telemetry.api.views import ApiError, _body
 from telemetry.ingest.schema import BatchError, TimeParser, _loads
 from telemetry.models import Job
+from tenancy.access import collector_endpoint
 
 NUMBERS = ("step_time_s", "loss", "grad_norm", "tokens_per_s")
 KEYS = {"rank", "step", "time", "nan_count", "inf_count", *NUMBERS}
@@ -113,6 +114,7 @@ def _handle(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"stored": stored})
 
 
+@collector_endpoint
 @csrf_exempt
 async def ingest_training(request: HttpRequest) -> JsonResponse:
     """POST /api/v1/training — see the module docstring."""

@@ -22,6 +22,7 @@ from telemetry.api.auth import AuthError, authenticate_collector
 from telemetry.ingest.exposition import parse_dcgm_exposition
 from telemetry.ingest.schema import BatchError, TimeParser, parse_json, parse_ndjson
 from telemetry.ingest.writer import write_batch
+from tenancy.access import collector_endpoint
 
 log = logging.getLogger(__name__)
 JSON_TYPES = {"application/json", ""}
@@ -138,12 +139,14 @@ def _method_guard(request: HttpRequest) -> JsonResponse | None:
     return None
 
 
+@collector_endpoint
 @csrf_exempt
 async def ingest_json(request: HttpRequest) -> JsonResponse:
     """POST /api/v1/ingest — a JSON or NDJSON batch (see docs/ingest.md)."""
     return _method_guard(request) or await sync_to_async(_ingest, thread_sensitive=False)(request, "json")
 
 
+@collector_endpoint
 @csrf_exempt
 async def ingest_prometheus(request: HttpRequest) -> JsonResponse:
     """POST /api/v1/ingest/prometheus[?host=NAME] — text exposition as dcgm-exporter emits it."""

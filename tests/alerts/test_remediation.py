@@ -247,15 +247,16 @@ def test_default_playbooks_turn_alerts_into_their_catalogue_action():
         make_alert("GpuOverheating", {"node": node.hostname, "gpu": gpu0.uuid}, value=91),
     ]
     ids = [a.pk for a in alerts]
-    assert run_playbooks_for_alerts(ids) == 4
+    assert run_playbooks_for_alerts(ids) == 5
     got = {(a.kind, a.target_key, a.state, a.playbook.name, a.alert_id)
            for a in RemediationAction.objects.select_related("playbook")}
     assert got == {("drain", node.hostname, "awaiting", "xid-drain-node", ids[0]),
+                   ("drain", node.hostname, "shadowed", "xid-drain-node-shadow", ids[0]),
                    ("gpu_reset", gpu1.uuid, "awaiting", "xid-reset-gpu", ids[1]),
                    ("ticket", gpu1.uuid, "suggested", "xid-rma", ids[2]),
                    ("requeue", "slurm:4242", "suggested", "straggler-requeue", ids[3])}
     assert RemediationAction.objects.get(kind="ticket").params == {"channel": "rma-tickets"}
-    assert run_playbooks_for_alerts(ids) == 0 and RemediationAction.objects.count() == 4
+    assert run_playbooks_for_alerts(ids) == 0 and RemediationAction.objects.count() == 5
 
 
 def test_playbooks_ignore_resolved_alerts_and_alerts_without_a_target():
@@ -269,7 +270,7 @@ def test_playbooks_ignore_resolved_alerts_and_alerts_without_a_target():
 
 
 def test_install_default_playbooks_is_idempotent_and_keeps_operator_edits():
-    assert install_default_playbooks() == {"playbooks": 4, "guard_rails": 5}
+    assert install_default_playbooks() == {"playbooks": 5, "guard_rails": 5}
     Playbook.objects.filter(name="xid-drain-node").update(mode="auto")
     assert install_default_playbooks() == {"playbooks": 0, "guard_rails": 0}
     assert Playbook.objects.get(name="xid-drain-node").mode == "auto"

@@ -10,7 +10,7 @@ from django.conf import settings
 @pytest.fixture
 def session_cookie(client, django_user_model) -> bytes:
     """The Cookie header value of a signed-in operator's session."""
-    client.force_login(django_user_model.objects.create_user("ws-operator", password="pw-ws-operator-1"))
+    client.force_login(django_user_model.objects.create_user("ws-operator", password="pw-ws-operator-1", is_staff=True))
     name = settings.SESSION_COOKIE_NAME
     return f"{name}={client.cookies[name].value}".encode()
 

@@ -36,7 +36,7 @@ def test_anomalies_page_draws_rows_and_chart_and_shows_a_new_event_live(asgi_ser
             summary="memory temperature +6.2σ vs peers in node", contributions=[TEMP, POWER])
     anomaly(AnomalyKind.STRAGGLER, "rank", "slurm:100#5", "gpu-0002", FIXED_NOW - 3 * H, score=0.7,
             summary="step time +8.4σ vs gang median", contributions=[STEP])
-    get_user_model().objects.create_user("anom-op", password=PASSWORD)
+    get_user_model().objects.create_user("anom-op", password=PASSWORD, is_staff=True)
     errors, page = [], browser_page
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)

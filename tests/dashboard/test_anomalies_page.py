@@ -62,7 +62,7 @@ def events(db) -> dict[str, Anomaly]:
 def operator(client, django_user_model, monkeypatch):
     """A signed-in operator, with the page's clock pinned to FIXED_NOW."""
     monkeypatch.setattr(page, "now", lambda: NOW)
-    client.force_login(django_user_model.objects.create_user("operator", password="pw-operator-1"))
+    client.force_login(django_user_model.objects.create_user("operator", password="pw-operator-1", is_staff=True))
     return client
 
 

@@ -35,7 +35,7 @@ def cluster(db):
 
 @pytest.fixture
 def operator(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("operator", password="pw-operator-1"))
+    client.force_login(django_user_model.objects.create_user("operator", password="pw-operator-1", is_staff=True))
     return client
 
 
@@ -71,7 +71,7 @@ def test_pages_need_a_login(client, cluster, path):
 @pytest.mark.parametrize("app", APPS)
 def test_dash_endpoints_need_a_login(client, django_user_model, app):
     assert_dash_app_refuses_anonymous(client, app)
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345"))
+    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
     assert client.get(f"/django_plotly_dash/app/{app}/_dash-layout").status_code == 200
 
 

@@ -112,7 +112,7 @@ def test_page_and_dash_endpoints_need_a_login(client, django_user_model):
     assert page.status_code == 302 and page["Location"].startswith("/login/")
     assert_dash_app_refuses_anonymous(client, "fabric")
 
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345"))
+    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
     page = client.get(reverse("fabric"))
     assert page.status_code == 200
     html = page.content.decode()
@@ -160,7 +160,7 @@ def _graph(client) -> dict:
 
 @pytest.fixture
 def operator(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345"))
+    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
 
 
 @pytest.mark.django_db

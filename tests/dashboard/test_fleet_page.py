@@ -258,7 +258,12 @@ def operator(django_user_model):
 
 @pytest.fixture
 def member(django_user_model):
-    return django_user_model.objects.create_user("member", password="pw-member-1")
+    """An operator by role (tenancy Membership), not staff: the console's pages but not Django's admin."""
+    from tenancy.models import Membership
+
+    user = django_user_model.objects.create_user("member", password="pw-member-1")
+    Membership.objects.create(user=user, tenant=None, role="operator")
+    return user
 
 
 @pytest.mark.django_db
@@ -378,6 +383,6 @@ def test_summary_counts_open_faults_by_severity_and_lists_the_newest(client, dja
     assert faults["by_severity"] == {"critical": 2, "warning": 1, "info": 0}
     assert [(e["kind"], e["code"]) for e in faults["newest"]] == [("ecc_dbe", 0), ("xid", 13), ("xid", 79), ("xid", 79)]
 
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345"))
+    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
     html = client.get("/").content.decode()
     assert "XID 79" in html and f"/gpus/{gpu.uuid}/" in html and 'id="faults-critical">2<' in html

@@ -174,7 +174,7 @@ def test_page_and_dash_endpoints_need_a_login(client, django_user_model):
     assert page.status_code == 302 and page["Location"].startswith("/login/")
     assert_dash_app_refuses_anonymous(client, "heatmap")
 
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345"))
+    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
     page = client.get(reverse("racks"))
     assert page.status_code == 200
     html = page.content.decode()

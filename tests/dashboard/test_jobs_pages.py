@@ -38,7 +38,7 @@ def fixed_now(monkeypatch):
 
 @pytest.fixture
 def operator(client, django_user_model):
-    user = django_user_model.objects.create_user("operator", password="pw-operator-1")
+    user = django_user_model.objects.create_user("operator", password="pw-operator-1", is_staff=True)
     client.force_login(user)
     return user
 

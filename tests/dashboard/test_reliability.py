@@ -27,7 +27,7 @@ def titan_subset(path, digits: str = "0123") -> None:
 
 @pytest.fixture
 def operator(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("rel-operator", password=PASSWORD))
+    client.force_login(django_user_model.objects.create_user("rel-operator", password=PASSWORD, is_staff=True))
     return client
 
 

@@ -20,7 +20,7 @@ def test_reliability_page_draws_figures(asgi_server, browser_page, tmp_path):
     csv = tmp_path / "gc_subset.csv"
     titan_subset(csv)
     call_command("fit_survival", "--csv", str(csv), "--points", "120", stdout=io.StringIO())
-    get_user_model().objects.create_user("rel-op", password=PASSWORD)
+    get_user_model().objects.create_user("rel-op", password=PASSWORD, is_staff=True)
     errors, page = [], browser_page
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
