@@ -1,0 +1,78 @@
+"""The tenant portal and the chargeback page in a real browser against a real daphne.
+
+A tenant's member signs in, lands on their portal, sees the usage chart drawn and the waste message, and
+downloads an invoice as CSV; then an operator opens the chargeback page. The screenshots (portal,
+chargeback) are the README's.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from dashboard.pages.portal import floor_day
+from tenancy.billing import do_generate_invoice
+from tenancy.demo import month_start
+from tenancy.models import RateCard
+from tests.conftest import save_screenshot
+from tests.tenancy.test_portal import PASSWORD, build_world
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def _sign_in(page, url: str, username: str, start: str) -> None:
+    page.goto(f"{url}{start}")  # not signed in: the login page, which returns here afterwards
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+
+
+def test_tenant_lands_on_portal_sees_usage_and_waste_and_downloads_invoice(asgi_server, browser_page):
+    now = timezone.now()
+    world = build_world(now)
+    # The server's clock is the real one: the demo card (from this month's start) is moved back so that
+    # every day of the 30-day charts is priced, whatever the day of the month the test runs on.
+    RateCard.objects.filter(pk=world["card"].pk).update(effective_from=floor_day(now) - timedelta(days=40))
+    start = month_start(now)
+    draft = do_generate_invoice(world["tenants"]["llm-core"], start, start.replace(
+        year=start.year + start.month // 12, month=start.month % 12 + 1), now=now)
+    errors, page, url = [], browser_page, asgi_server.url
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    _sign_in(page, url, "llm-dev", "/portal/")
+    page.wait_for_url(f"{url}/portal/llm-core/")
+    page.wait_for_selector("#bw-usage-chart[data-rendered=true]")
+    page.wait_for_selector("#bw-cost-chart[data-rendered=true]")
+    assert page.locator("#bw-usage-chart .trace.bars").count() == 3  # busy, idle-held and lost traces
+    waste = page.locator("#bw-waste").inner_text()
+    assert "idle-held GPU-hours" in waste and ("slurm:102" in waste or "jupyter-notebook" in waste)
+    nav = page.locator("header nav").inner_text()
+    assert "LLM Core" in nav and "Fleet" not in nav and "Chargeback" not in nav
+    save_screenshot(page, "portal", full_page=True)
+
+    page.click("a[href='/portal/llm-core/invoices/']")
+    row = page.locator(f"#bw-invoices tr[data-number='{draft.number}']")
+    with page.expect_download() as download:
+        row.locator("a.bw-export-csv").click()
+    body = open(download.value.path(), encoding="utf-8").read()
+    rows = list(csv.DictReader(io.StringIO(body)))
+    assert download.value.suggested_filename == f"{draft.number}.csv"
+    assert rows[-1]["kind"] == "total" and rows[-1]["amount"] == f"{draft.total:f}"
+    assert {r["job_key"] for r in rows[:-1]} == {"slurm:101", "slurm:102"}
+
+    page.click("header button[type=submit]")  # log out
+    get_user_model().objects.create_user("op", password=PASSWORD, is_staff=True)
+    _sign_in(page, url, "op", "/chargeback/")
+    page.wait_for_url(f"{url}/chargeback/")
+    table = page.locator("#bw-tenants")
+    for slug in ("acme", "llm-core", "serving", "helix", "hpc-science"):
+        assert table.locator(f"tr[data-tenant='{slug}']").count() == 1
+    assert page.locator(f"#bw-invoices tr[data-number='{draft.number}']").count() == 1
+    assert page.locator("#bw-fair-share tbody tr").count() >= 5
+    save_screenshot(page, "chargeback", full_page=True)
+    assert errors == []
