@@ -67,10 +67,11 @@ urlpatterns = [
     path("chargeback/invoices/<str:number>/", chargeback.invoice_detail, name="chargeback-invoice"),
     path("chargeback/invoices/<str:number>/finalize/", chargeback.finalize, name="chargeback-finalize"),
     path("chargeback/lines/<int:line_id>/correct/", chargeback.correct_line, name="chargeback-correct"),
-    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("login/", views.RoleLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("telemetry.api.urls")),
     path("api/v1/", include("alerts.api.urls")),
+    path("", include("tenancy.urls")),  # single sign-on (/oidc/…) when configured
     path("django_plotly_dash/", include("django_plotly_dash.urls")),
 ]

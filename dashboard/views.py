@@ -1,5 +1,6 @@
 """Operator pages: each renders a template; the Dash apps inside load their own data."""
 
+from django.contrib.auth.views import LoginView
 from django.shortcuts import render
 
 from telemetry import selectors
@@ -16,3 +17,20 @@ def fleet(request):
 def racks(request):
     """The rack heatmap (Dash app `heatmap`)."""
     return render(request, "racks.html")
+
+
+class RoleLoginView(LoginView):
+    """The sign-in form; without a `next`, operators land on the fleet and tenants' users on their portal."""
+
+    template_name = "login.html"
+
+    def get_default_redirect_url(self):
+        from tenancy.access import PORTAL_URL
+        from tenancy.scoping import is_operator
+
+        return super().get_default_redirect_url() if is_operator(self.request.user) else PORTAL_URL
+
+    def get_context_data(self, **kwargs):
+        from django.conf import settings
+
+        return {**super().get_context_data(**kwargs), "oidc_enabled": settings.OIDC_ENABLED}
