@@ -305,10 +305,19 @@ def _load_jobs(text: str, source: str) -> list[dict[str, Any]]:
         raise SlurmParseError(f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise SlurmParseError(f"{source}: no 'jobs' list in the document")
-    errors = doc.get("errors") or []
+    errors = [e for e in doc.get("errors") or [] if not _nothing_found(e)]
     if errors and not doc["jobs"]:  # errors beside jobs (e.g. one federation sibling down) still carry data
         raise SlurmParseError(f"{source}: Slurm reported errors and no jobs: {errors!r}")
     return doc["jobs"]
+
+
+# sacct --json answers a window without jobs with error 9003 ("Nothing found"): an empty result, not a failure.
+NOTHING_FOUND = 9003
+
+
+def _nothing_found(error: Any) -> bool:
+    return isinstance(error, dict) and (error.get("error_number") == NOTHING_FOUND
+                                        or "nothing found" in str(error.get("description", "")).lower())
 
 
 def _req(job: dict[str, Any], key: str, idx: int) -> Any:

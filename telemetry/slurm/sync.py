@@ -34,19 +34,28 @@ def _upsert_job(j: parse.Job, now: datetime) -> tuple[Job, bool]:
     state = STATES.get(j.state, JobState.UNKNOWN)
     job, created = Job.objects.get_or_create(source=Job.Source.SLURM, external_id=j.job_id)
     changed = created or job.state != state
+    # Running -> pending is a requeue (scontrol requeue, a preemption with requeue, a node failure): the run
+    # that held the GPUs is over now, whatever Slurm's restart counter says yet.
+    requeued = not created and job.state == JobState.RUNNING and state == JobState.PENDING
     job.name, job.user, job.account, job.partition, job.qos = j.name, j.user, j.account, j.partition, j.qos
     job.priority, job.state, job.node_count = j.priority, state, j.node_count
     job.submit_time, job.start_time, job.end_time = j.submit, j.start, j.end
     job.gpu_count = j.gpu_count or job.gpu_count  # keep what it held once it stops reporting GPUs
     if changed and state == JobState.PREEMPTED:
         job.preempt_count += 1
+    if requeued:
+        job.requeue_count += 1
     if j.restart_count is not None:
         job.requeue_count = max(job.requeue_count, j.restart_count)
     job.save()
     if changed:
-        at = {JobState.RUNNING: j.start}.get(state) or (j.end if state in ENDED else None) or j.submit or now
+        at = now if requeued else (
+            {JobState.RUNNING: j.start}.get(state) or (j.end if state in ENDED else None) or j.submit or now)
         JobStateChange.objects.get_or_create(job=job, time=at, state=state,
-                                             defaults={"reason": " ".join(j.state_flags)[:256]})
+                                             defaults={"reason": ("requeued " if requeued else "")
+                                                       + " ".join(j.state_flags)[:240]})
+    if requeued:  # the first run's ledger rows end now, or its GPU time would run on until the job ends
+        job.allocations.filter(end__isnull=True).update(end=Greatest("start", Value(now)))
     return job, created
 
 
