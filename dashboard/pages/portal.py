@@ -382,7 +382,7 @@ def portal(request, view: TenantView):
     invoices = Invoice.objects.visible_to(view).select_related("tenant").order_by("-period_start", "tenant__name")
     return render(request, "portal/overview.html", _frame(request, view, "overview", **{
         "charts": chart_data(view, at), "waste": waste_lines(view, at), "quotas": quota_rows(view),
-        "spent": month_spent(view, at), **week_totals(view, at),
+        "spent": month_spent(view, at), **week_totals(view, at), "metered_until": metered_until(),
         "invoices": [invoice_row(i, _base(view)) for i in invoices[:5]],
         "open_alerts": tenant_alerts(view, at)["open"], "plotly_version": DASH_ASSET_VERSION,
         "usage_csv": f"{_base(view)}/usage.csv?days={CHART_DAYS}"}))
@@ -468,3 +468,10 @@ def portal_health(request, view: TenantView):
     at = now()
     return render(request, "portal/health.html", _frame(
         request, view, "health", alerts=tenant_alerts(view, at), health=gpu_health_rows(view, at)))
+
+
+def metered_until():
+    """Where metering stands: usage is metered per clock hour, once the hour has ended."""
+    from tenancy.models import MeteringWatermark
+
+    return MeteringWatermark.objects.filter(name="usage").values_list("metered_until", flat=True).first()
