@@ -217,12 +217,9 @@ class SilenceForm(forms.Form):
         return data
 
 
-class HistoryForm(forms.Form):
-    """The alert history search."""
+class _TimeRangeForm(forms.Form):
+    """A search over a time range: From and Until, read as UTC."""
 
-    q = forms.CharField(required=False, max_length=100, label="Name or label text")
-    state = forms.ChoiceField(required=False, choices=[("", "Any state"), *AlertState.choices])
-    severity = forms.ChoiceField(required=False, choices=[("", "Any severity"), *Severity.choices])
     since = forms.DateTimeField(required=False, label="From (UTC)",
                                 widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     until = forms.DateTimeField(required=False, label="Until (UTC)",
@@ -231,12 +228,25 @@ class HistoryForm(forms.Form):
     def clean(self) -> dict:
         data = super().clean()
         data["since"], data["until"] = as_utc(data.get("since")), as_utc(data.get("until"))
+        return data
+
+
+class HistoryForm(_TimeRangeForm):
+    """The alert history search."""
+
+    q = forms.CharField(required=False, max_length=100, label="Name or label text")
+    state = forms.ChoiceField(required=False, choices=[("", "Any state"), *AlertState.choices])
+    severity = forms.ChoiceField(required=False, choices=[("", "Any severity"), *Severity.choices])
+    field_order = ["q", "state", "severity", "since", "until"]
+
+    def clean(self) -> dict:
+        data = super().clean()
         if data["since"] and data["until"] and data["until"] < data["since"]:
             self.add_error("until", "must not be before From")
         return data
 
 
-class AuditForm(forms.Form):
+class AuditForm(_TimeRangeForm):
     """The audit log search."""
 
     actor = forms.CharField(required=False, max_length=150)
@@ -244,15 +254,7 @@ class AuditForm(forms.Form):
     object_kind = forms.CharField(required=False, max_length=40, label="Object kind",
                                   widget=_input(placeholder="rule, alert, silence, action"))
     object_id = forms.CharField(required=False, max_length=200, label="Object id")
-    since = forms.DateTimeField(required=False, label="From (UTC)",
-                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-    until = forms.DateTimeField(required=False, label="Until (UTC)",
-                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-
-    def clean(self) -> dict:
-        data = super().clean()
-        data["since"], data["until"] = as_utc(data.get("since")), as_utc(data.get("until"))
-        return data
+    field_order = ["actor", "verb", "object_kind", "object_id", "since", "until"]
 
 
 class RejectForm(forms.Form):
