@@ -23,15 +23,6 @@ T0 = FIXED_NOW
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def _routing_module():
-    """The lifecycle routes every change through alerts.routing (built by the routing work); say so plainly."""
-    try:
-        import alerts.routing  # noqa: F401
-    except ImportError as exc:
-        pytest.fail(f"alerts.routing is missing (do_route_alerts is called by the lifecycle): {exc}")
-
-
 @pytest.fixture
 def rack(db):
     """Rack r01 holding node-a; node-b stays unplaced (ingest registers it)."""

