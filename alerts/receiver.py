@@ -56,6 +56,7 @@ class Receiver:
     script: list[Behaviour] = field(default_factory=list)
     incidents: dict[str, str] = field(default_factory=dict)  # dedup_key -> last event_action (PagerDuty)
     on_request: object = None  # callable(Received) for logging
+    max_kept: int | None = None  # a long-running receiver (./dev up) keeps only the newest requests
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -109,6 +110,8 @@ class Receiver:
     def _record(self, rec: Received) -> None:
         with self._cond:
             self.requests.append(rec)
+            if self.max_kept is not None and len(self.requests) > self.max_kept:
+                del self.requests[: len(self.requests) - self.max_kept]
             self._cond.notify_all()
         if callable(self.on_request):
             self.on_request(rec)

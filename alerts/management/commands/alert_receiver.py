@@ -28,7 +28,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, port=8025, secret_file=None, **options):
         secret = open(secret_file).read().strip() if secret_file else ""
-        receiver = Receiver(port=port, secret=secret, on_request=self._log)
+        receiver = Receiver(port=port, secret=secret, on_request=self._log, max_kept=1000)
         receiver.start()
         self.stdout.write(f"receiving notifications on http://127.0.0.1:{receiver.port}/")
         self.stdout.flush()
