@@ -353,5 +353,14 @@ if PRODUCTION:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# --- Ingest admission control and ingest rate limits (issue 8: overload) ---
+# --- end ingest admission ---
+
+# --- Web security: CSP, login rate limit and lockout (issue 8: security) ---
+# --- end web security ---
+
+# --- Outbound URL guard for webhooks and channels (issue 8: SSRF) ---
+# --- end outbound URL guard ---
+
 # request.body refuses bodies above this; ingest bodies may be that large (413 beyond it).
 DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES
