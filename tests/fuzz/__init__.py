@@ -1,0 +1,1 @@
+"""Property-based fuzzing of every parser (issue 8)."""

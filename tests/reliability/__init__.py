@@ -1,0 +1,1 @@
+"""Reliability under faults and load (issue 8)."""

@@ -1,0 +1,1 @@
+"""Attack surface: settings, SSRF, injection, audit immutability (issue 8)."""
