@@ -67,8 +67,8 @@ def gib(n: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=2048)
-    ap.add_argument("--minutes", type=int, default=30, help="history to backfill through the API (default 30)")
+    ap.add_argument("--gpus", type=int, default=512)
+    ap.add_argument("--minutes", type=int, default=20, help="history to backfill through the API (default 20)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch database for inspection")
     args = ap.parse_args()
     url = scratch_database_url("storage")
