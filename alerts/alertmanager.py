@@ -61,7 +61,12 @@ def _time(value, path: str) -> datetime | None:
         raise PayloadError(path, f"not an RFC 3339 time: {value[:40]!r}") from None
     if parsed.tzinfo is None:
         raise PayloadError(path, "must carry a UTC offset (e.g. 'Z')")
-    return None if parsed.year == ZERO_TIME_YEAR else parsed.astimezone(UTC)
+    if parsed.year == ZERO_TIME_YEAR:
+        return None
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-01:00 is past year 9999 once in UTC
+        raise PayloadError(path, f"out of range: {value[:40]!r}") from None
 
 
 def _check_envelope(payload) -> list:

@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 import dashboard.dash_apps  # noqa: F401  (registers the Dash apps before the first request)
-from dashboard import views
+from dashboard import openapi, views
 from dashboard.pages import alerts, anomalies, chargeback, fabric, facility, inventory, jobs, portal, reliability
 
 urlpatterns = [
@@ -72,6 +72,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("telemetry.api.urls")),
     path("api/v1/", include("alerts.api.urls")),
+    # The API's OpenAPI document (docs/openapi.yaml), as written and as JSON.
+    path("api/v1/openapi.yaml", openapi.openapi_yaml, name="api-openapi-yaml"),
+    path("api/v1/openapi.json", openapi.openapi_json, name="api-openapi-json"),
     path("", include("tenancy.urls")),  # single sign-on (/oidc/…) when configured
     path("django_plotly_dash/", include("django_plotly_dash.urls")),
 ]

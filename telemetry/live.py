@@ -44,7 +44,9 @@ FLEET_GROUP = "fleet"
 # Every page that shows telemetry besides the fleet summary: a tiny "something committed" tick,
 # on which each consumer computes its own page's change (see dashboard.consumers.LiveConsumer).
 TELEMETRY_GROUP = "telemetry"
-THROTTLE_KEY = "breakwater:live:fleet-summary"
+# One summary slot per site: the key carries the channel prefix, so another deployment (or test run)
+# on the same Redis never wins our slot and silences our pages.
+THROTTLE_KEY_SUFFIX = "live:fleet-summary"
 THROTTLE_MS = 1000
 # Wait a little past the slot's expiry so the trailing claim does not race the TTL.
 _TRAILING_MARGIN_S = 0.02
@@ -108,12 +110,18 @@ def wait_for_trailing_publish(timeout: float = 5.0) -> None:
                 return
 
 
+def _throttle_key() -> str:
+    """The summary slot's Redis key; read at call time, as tests set the prefix after import."""
+    return f"{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}:{THROTTLE_KEY_SUFFIX}"
+
+
 def _claim_slot() -> tuple[bool, bytes | None, int]:
     """(claimed, the current holder's token, milliseconds until the slot frees)."""
     token = uuid4().hex.encode()
-    if _redis.set(THROTTLE_KEY, token, nx=True, px=THROTTLE_MS):
+    key = _throttle_key()
+    if _redis.set(key, token, nx=True, px=THROTTLE_MS):
         return True, token, THROTTLE_MS
-    holder, remaining_ms = _redis.pipeline().get(THROTTLE_KEY).pttl(THROTTLE_KEY).execute()
+    holder, remaining_ms = _redis.pipeline().get(key).pttl(key).execute()
     # PTTL is -2 when the slot expired between the two calls: retry right away.
     return False, holder, max(remaining_ms, 0)
 

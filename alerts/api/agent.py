@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, DataError, close_old_connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -21,6 +21,7 @@ from telemetry.api.auth import AuthError, authenticate_collector
 from tenancy.access import collector_endpoint
 
 MAX_RESULT_BYTES = 64 * 1024
+MAX_HOSTNAME = 253  # AgentCommand.hostname
 
 
 def _error(status: int, code: str, message: str, where: str = "", headers: dict | None = None) -> JsonResponse:
@@ -43,6 +44,8 @@ def _guarded(handler):
             return _error(exc.status, exc.code, exc.message)
         except AgentResultError as exc:
             return _error(exc.status, exc.code, exc.message, exc.where)
+        except DataError as exc:  # a value PostgreSQL cannot store (a NUL character in the output); nothing written
+            return _error(400, "malformed", f"a value cannot be stored: {str(exc).splitlines()[0]}", "$")
         except DatabaseError:
             return _error(503, "unavailable", "the database is unavailable; retry", headers={"Retry-After": "5"})
         finally:
@@ -55,6 +58,8 @@ def _poll(request: HttpRequest) -> JsonResponse:
     host = request.GET.get("host", "").strip()
     if not host:
         return _error(400, "malformed", "host is required: ?host=<this node's hostname>", "host")
+    if len(host) > MAX_HOSTNAME or "\x00" in host:
+        return _error(400, "malformed", f"host must be a hostname of at most {MAX_HOSTNAME} characters", "host")
     commands = do_poll_agent_commands(host)
     return JsonResponse({"commands": [
         {"id": c.pk, "command": c.command, "params": c.params, "expires_at": c.expires_at.isoformat()}

@@ -15,6 +15,7 @@ import json
 import logging
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, DataError
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -34,6 +35,21 @@ def _error(status: int, code: str, message: str, **extra) -> JsonResponse:
     return resp
 
 
+def _nul_path(value, path: str) -> str | None:
+    """The path of the first key or string holding a NUL character, or None."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        sub = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and "\x00" in key:
+            return sub
+        found = _nul_path(item, sub)
+        if found is not None:
+            return found
+    return None
+
+
 @collector_endpoint
 @csrf_exempt
 def alertmanager_webhook(request: HttpRequest) -> JsonResponse:
@@ -51,10 +67,20 @@ def alertmanager_webhook(request: HttpRequest) -> JsonResponse:
         return _error(413, "too_large", "the payload exceeds the request size limit")
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         return _error(400, "bad_json", f"(body): not valid JSON: {exc}", where="(body)")
+    nul = _nul_path(payload, "")
+    if nul is not None:  # PostgreSQL stores no NUL character, in text or in JSON
+        return _error(400, "bad_payload", f"{nul or '(body)'}: contains a NUL character", where=nul or "(body)")
     try:
         changed = do_ingest_alertmanager(payload, timezone.now())
     except PayloadError as exc:
         return _error(400, "bad_payload", str(exc), where=exc.path)
+    except DataError as exc:  # a value past a column's size (an alertname over 200 characters); nothing written
+        return _error(400, "bad_payload", f"a value does not fit: {str(exc).splitlines()[0]}", where="(body)")
+    except DatabaseError:
+        log.warning("alertmanager webhook not stored: the database is unavailable")
+        resp = _error(503, "unavailable", "the database is unavailable; retry")
+        resp["Retry-After"] = "5"
+        return resp
     alerts = len(payload["alerts"])
     log.info("alertmanager webhook from %s: %d alert(s), %d changed", token.name, alerts, len(changed))
     return JsonResponse({"status": "ok", "received": alerts, "changed": changed})

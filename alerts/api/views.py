@@ -129,10 +129,15 @@ def _time(value, name: str) -> datetime | None:
     """An ISO 8601 time (a time without a zone is UTC); ApiError naming the parameter if it is not one."""
     if value in (None, ""):
         return None
-    moment = parse_datetime(value) if isinstance(value, str) else None
+    try:
+        moment = parse_datetime(value) if isinstance(value, str) else None
+        # In UTC: PostgreSQL refuses offsets past ±15:59, which ISO 8601 (and Python) allow up to ±23:59.
+        moment = moment and (moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC))
+    except (ValueError, OverflowError):  # well-formed but no such time ("2026-02-30"), or past year 9999 in UTC
+        moment = None
     if moment is None:
         raise ApiError(400, "invalid", f"{name}: {value!r} is not an ISO 8601 time", field=name)
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+    return moment
 
 
 def _choice(params, name: str, allowed, default: str = "") -> str:

@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from telemetry import live
 from telemetry.api.auth import AuthError, authenticate_collector
-from telemetry.api.views import ApiError, _body
+from telemetry.api.views import ApiError, _body, _method_guard
 from telemetry.ingest.schema import BatchError, TimeParser, _loads
 from telemetry.models import Job
 from tenancy.access import collector_endpoint
@@ -118,6 +118,4 @@ def _handle(request: HttpRequest) -> JsonResponse:
 @csrf_exempt
 async def ingest_training(request: HttpRequest) -> JsonResponse:
     """POST /api/v1/training — see the module docstring."""
-    if request.method != "POST":
-        return ApiError(405, "method_not_allowed", "use POST").response()
-    return await sync_to_async(_handle, thread_sensitive=False)(request)
+    return _method_guard(request) or await sync_to_async(_handle, thread_sensitive=False)(request)

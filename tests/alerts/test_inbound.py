@@ -131,6 +131,7 @@ BAD_FIELDS = [
     (_set(["alerts", 2, "startsAt"], "yesterday"), "alerts[2].startsAt"),
     (_set(["alerts", 2, "startsAt"], 1700000000), "alerts[2].startsAt"),
     (_set(["alerts", 2, "endsAt"], "2026-11-30T12:00:00"), "alerts[2].endsAt"),
+    (_set(["alerts", 2, "endsAt"], "9999-12-31T23:59:59-01:00"), "alerts[2].endsAt"),  # past year 9999 in UTC
     (_set(["alerts", 2, "generatorURL"], 1), "alerts[2].generatorURL"),
     (_set(["alerts", 2, "fingerprint"], []), "alerts[2].fingerprint"),
 ]

@@ -37,10 +37,10 @@ pytestmark = [
 def _free_throttle():
     """Each test starts with the one-second slot free and ends with no publish in flight."""
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(live.THROTTLE_KEY)
+    client.delete(live._throttle_key())
     yield client
     live.wait_for_trailing_publish()
-    client.delete(live.THROTTLE_KEY)
+    client.delete(live._throttle_key())
 
 
 def _communicator(cookie: bytes | None = None):
@@ -115,7 +115,7 @@ def test_throttle_sends_at_most_one_update_per_second_and_the_last_change_trails
 
 def test_throttle_is_shared_by_every_process(_free_throttle):
     # Another process (here: another Redis client) holds this second's slot.
-    assert _free_throttle.set(live.THROTTLE_KEY, "1", nx=True, px=live.THROTTLE_MS)
+    assert _free_throttle.set(live._throttle_key(), "1", nx=True, px=live.THROTTLE_MS)
     make_gpu(**HEALTHY)
 
     assert live.publish_fleet_summary() is False
@@ -124,7 +124,7 @@ def test_throttle_is_shared_by_every_process(_free_throttle):
 
 
 def test_trailing_publish_that_fires_before_its_slot_expires_waits_again(_free_throttle):
-    _free_throttle.set(live.THROTTLE_KEY, b"slot-we-waited-for", px=live.THROTTLE_MS)
+    _free_throttle.set(live._throttle_key(), b"slot-we-waited-for", px=live.THROTTLE_MS)
     make_gpu(**HEALTHY)
 
     live._publish_trailing(b"slot-we-waited-for")  # as if its timer fired a hair early
@@ -133,7 +133,7 @@ def test_trailing_publish_that_fires_before_its_slot_expires_waits_again(_free_t
 
 
 def test_trailing_publish_stands_down_when_a_later_slot_covers_it(_free_throttle):
-    _free_throttle.set(live.THROTTLE_KEY, b"a-later-slot", px=live.THROTTLE_MS)
+    _free_throttle.set(live._throttle_key(), b"a-later-slot", px=live.THROTTLE_MS)
 
     live._publish_trailing(b"the-slot-we-waited-for")
 
@@ -144,9 +144,9 @@ def test_schedule_publishes_after_commit_only():
     with transaction.atomic():
         make_gpu(**HEALTHY)
         live.schedule_fleet_publish()
-        assert not live._redis.exists(live.THROTTLE_KEY), "published before commit"
+        assert not live._redis.exists(live._throttle_key()), "published before commit"
 
-    assert live._redis.exists(live.THROTTLE_KEY)
+    assert live._redis.exists(live._throttle_key())
 
 
 def test_schedule_does_not_publish_on_rollback():
@@ -154,7 +154,7 @@ def test_schedule_does_not_publish_on_rollback():
         live.schedule_fleet_publish()
         raise RuntimeError("ingest failed")
 
-    assert not live._redis.exists(live.THROTTLE_KEY)
+    assert not live._redis.exists(live._throttle_key())
 
 
 def test_publish_failure_is_logged_not_raised_and_does_not_stall_ingest(monkeypatch, caplog):
