@@ -4,7 +4,9 @@
 2. Connection errors, 5xx, 429 and 503 are retried a few times with exponential backoff and full
    jitter (a Retry-After header is honoured), so a fleet of agents does not retry in lockstep.
 3. If the server is still unreachable, the batch is written to the spool directory (atomically:
-   temp file + rename), and later batches queue behind it in order.
+   temp file + rename), and later batches queue behind it in order. A Retry-After on the last
+   refusal (an overloaded server's 429) holds the pusher off for that long: batches made in the
+   meantime go straight to the spool instead of knocking again.
 4. Before each new batch, the spool is drained oldest first; the first failure stops the drain.
 5. The spool is bounded in bytes: when full, the oldest spooled batches are dropped and their
    samples counted as dropped — never silently.
@@ -33,12 +35,14 @@ RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
 class PushError(Exception):
-    """A push failed; `retryable` says whether trying again later can succeed."""
+    """A push failed; `retryable` says whether trying again later can succeed; `status` is the
+    HTTP status, 0 when no answer came."""
 
-    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None):
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None, status: int = 0):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.status = status
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Health:
 
     sent_batches: int = 0
     sent_samples: int = 0
+    acked_samples: int = 0  # what the server's answers say they stored ("accepted")
     spooled_batches: int = 0
     dropped_samples: dict[str, int] = field(default_factory=dict)
     last_error: str = ""
@@ -84,6 +89,7 @@ class Pusher:
         self.max_delay = max_delay
         self.health = Health(spooled_batches=len(self._spooled()))
         self._seq = 0
+        self._hold_until = 0.0  # monotonic time before which the server asked not to be called
 
     # --- public ---------------------------------------------------------------------------
     def push(self, batch: dict) -> bool:
@@ -98,6 +104,8 @@ class Pusher:
 
     def drain(self) -> bool:
         """Send spooled batches oldest first; True when the spool is empty afterwards."""
+        if time.monotonic() < self._hold_until:
+            return not self._spooled()
         for path in self._spooled():
             samples = _samples_in_name(path)
             try:
@@ -119,6 +127,8 @@ class Pusher:
     # --- sending --------------------------------------------------------------------------
     def _send_with_retries(self, body: bytes, samples: int) -> str:
         """"sent", "refused" (dropped and counted) or "unreachable" (the caller spools)."""
+        if time.monotonic() < self._hold_until:
+            return "unreachable"
         for attempt in range(self.attempts):
             try:
                 self._post(body)
@@ -147,12 +157,12 @@ class Pusher:
         })
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 (configured server)
-                resp.read()
+                self.health.acked_samples += _accepted(resp.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode(errors="replace")
             retry_after = _retry_after(exc.headers.get("Retry-After"))
             raise PushError(f"HTTP {exc.code}: {detail}", retryable=exc.code in RETRYABLE_STATUS,
-                            retry_after=retry_after) from None
+                            retry_after=retry_after, status=exc.code) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
             raise PushError(f"cannot reach {self.url}: {getattr(exc, 'reason', exc)}", retryable=True) from None
 
@@ -163,6 +173,8 @@ class Pusher:
 
     def _note_error(self, exc: PushError) -> None:
         self.health.last_error = str(exc)
+        if exc.retryable and exc.retry_after:
+            self._hold_until = time.monotonic() + min(exc.retry_after, self.max_delay)
         log.warning("push failed (%s): %s", "will retry" if exc.retryable else "dropped", exc)
 
     # --- the spool ------------------------------------------------------------------------
@@ -194,6 +206,13 @@ def _samples_in_name(path: Path) -> int:
     try:
         return int(path.name.split(".")[0].rsplit("-", 1)[1])
     except (IndexError, ValueError):
+        return 0
+
+
+def _accepted(ack: bytes) -> int:
+    try:
+        return int(json.loads(ack).get("accepted", 0))
+    except (ValueError, TypeError, AttributeError):
         return 0
 
 

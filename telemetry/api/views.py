@@ -2,7 +2,9 @@
 
 Views are async so that a slow batch never blocks the event loop of the ASGI server; the
 parse-validate-write work runs in a worker thread (not the single thread Django uses for sync
-views), so several collectors are served at once.
+views), so several collectors are served at once. Before that work starts, the admission gate
+(telemetry.api.admission) may refuse the request with 429 + Retry-After: the body is then
+never decoded or parsed, so an overload is shed at the cost of a few microseconds a request.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ import logging
 import zlib
 from datetime import UTC, datetime
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, close_old_connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from telemetry.api.admission import Refused, admit
 from telemetry.api.auth import AuthError, authenticate_collector
 from telemetry.ingest.exposition import parse_dcgm_exposition
 from telemetry.ingest.schema import BatchError, TimeParser, parse_json, parse_ndjson
@@ -131,6 +133,13 @@ def _parse(request: HttpRequest, fmt: str, body: bytes, collector: str):
     )
 
 
+async def _admitted(request: HttpRequest, fmt: str) -> JsonResponse:
+    try:
+        return await admit(request.headers.get("Authorization"), _ingest, request, fmt)
+    except Refused as exc:
+        return ApiError(429, exc.code, exc.message, headers={"Retry-After": str(exc.retry_after)}).response()
+
+
 def _method_guard(request: HttpRequest) -> JsonResponse | None:
     if request.method != "POST":
         resp = ApiError(405, "method_not_allowed", "use POST").response()
@@ -143,11 +152,11 @@ def _method_guard(request: HttpRequest) -> JsonResponse | None:
 @csrf_exempt
 async def ingest_json(request: HttpRequest) -> JsonResponse:
     """POST /api/v1/ingest — a JSON or NDJSON batch (see docs/ingest.md)."""
-    return _method_guard(request) or await sync_to_async(_ingest, thread_sensitive=False)(request, "json")
+    return _method_guard(request) or await _admitted(request, "json")
 
 
 @collector_endpoint
 @csrf_exempt
 async def ingest_prometheus(request: HttpRequest) -> JsonResponse:
     """POST /api/v1/ingest/prometheus[?host=NAME] — text exposition as dcgm-exporter emits it."""
-    return _method_guard(request) or await sync_to_async(_ingest, thread_sensitive=False)(request, "prometheus")
+    return _method_guard(request) or await _admitted(request, "prometheus")

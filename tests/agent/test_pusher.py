@@ -41,6 +41,7 @@ def test_every_sample_arrives_after_the_server_restarts(asgi_server, tmp_path):
     assert pusher.push(_batch(3, now))
     assert _rows() == 8  # 4 batches x 2 GPUs, in order, none lost
     assert pusher.health.sent_batches == 4 and pusher.health.sent_samples == 16
+    assert pusher.health.acked_samples == 16  # the server's answers agree
     assert pusher.health.dropped_samples == {} and pusher.health.spooled_batches == 0
 
 
