@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, close_old_connections
+from django.db import DataError, InterfaceError, OperationalError, close_old_connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -106,8 +106,13 @@ def _ingest_checked(request: HttpRequest, fmt: str) -> JsonResponse:
         return exc.response()
     except BatchError as exc:
         return ApiError(400, exc.code, exc.message, where=exc.where).response()
-    except DatabaseError as exc:
-        # Nothing was committed; the client may retry the same batch safely (idempotent).
+    except DataError as exc:
+        # A value the validator let through but PostgreSQL refuses: retrying cannot fix it, so it is the client's 400.
+        log.warning("ingest batch refused by the database: %s", exc)
+        return ApiError(400, "invalid_value", f"the database refused a value: {str(exc).splitlines()[0]}").response()
+    except (OperationalError, InterfaceError) as exc:
+        # The database went away (restart, failover, lost connection). Nothing was committed; the client
+        # may retry the same batch safely (idempotent). Other database errors are our bugs: they stay 500s.
         log.warning("ingest write failed, batch not stored: %s", exc)
         return ApiError(
             503, "unavailable", "the database is unavailable; retry", headers={"Retry-After": "5"}

@@ -234,7 +234,10 @@ def write_batch(batch: Batch, *, collector: str, fmt: str, body_bytes: int = 0) 
     """Write a validated batch in one transaction and return the acknowledgement."""
     t0 = time.perf_counter()
     result = WriteResult(str(uuid.uuid4()), 0, 0, batch.rejections)
-    with transaction.atomic():
+    # The COPYs run on a bare psycopg cursor, whose errors Django does not translate: a connection lost
+    # mid-COPY (a database restart) must still reach callers as django.db.OperationalError, which the API
+    # answers with 503, and mark the connection broken so it is replaced rather than reused.
+    with connection.wrap_database_errors, transaction.atomic():
         check_generation()
         resolver = Resolver()
         narrow = []
