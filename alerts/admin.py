@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from alerts.forms import ChannelForm
 from alerts.models import (
     AgentCommand,
     Alert,
@@ -53,6 +54,7 @@ class RuleAdmin(admin.ModelAdmin):
 class ChannelAdmin(admin.ModelAdmin):
     """Notification channels (the Channels page tests and re-enables them)."""
 
+    form = ChannelForm  # the URL guard checks a channel's address when it is saved here, too
     list_display = ("name", "kind", "enabled", "disabled_reason", "last_ok_at")
     list_filter = ("kind", "enabled")
     search_fields = ("name",)

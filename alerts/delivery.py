@@ -30,7 +30,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from alerts import tasks, transports
+from alerts import tasks, transports, urlguard
 from alerts.audit import actor_name, do_audit
 from alerts.models import Channel, DeliveryAttempt, Notification, NotificationEvent, NotificationStatus
 from alerts.transports import DeliveryResult, TransportError
@@ -228,8 +228,10 @@ def build_test_payload(channel: Channel, now: datetime, actor: str) -> dict:
 
 @transaction.atomic
 def do_send_test(channel_id: int, user) -> Notification:
-    """Queue a test notification to one channel (delivered like any other, so it shows in the log)."""
+    """Queue a test notification to one channel (delivered like any other, so it shows in the log).
+    A URL the outbound guard refuses is a ValidationError on config.url (400), not a doomed delivery."""
     channel = Channel.objects.get(pk=channel_id)
+    urlguard.validate_channel(channel.kind, channel.config)
     now, actor = timezone.now(), actor_name(user)
     notification = Notification.objects.create(
         channel=channel, event=NotificationEvent.TEST, status=NotificationStatus.PENDING,

@@ -1,4 +1,4 @@
-"""Forms of the alerting pages: rules, silences, the history and audit searches, remediation decisions.
+"""Forms of the alerting pages: rules, silences, the history and audit searches, remediation decisions, channels.
 
 Text inputs that stand for lists and maps ("48, 79", "team=ml, site=a", "alertname=GpuHot, node=~gpu-0.*")
 are parsed here, with errors that name the piece at fault; the actions validate the rest.
@@ -12,10 +12,12 @@ from datetime import UTC, datetime, timedelta
 from django import forms
 from django.core.exceptions import ValidationError
 
+from alerts import urlguard
 from alerts.matching import check_regexes
 from alerts.models import (
     MATCH_OPS,
     AlertState,
+    Channel,
     EntityKind,
     Op,
     RuleKind,
@@ -268,3 +270,19 @@ class DrainForm(forms.Form):
 
     hostname = forms.CharField(max_length=253)
     reason = forms.CharField(max_length=500)
+
+
+class ChannelForm(forms.ModelForm):
+    """A notification channel (the admin's form): its URL must pass the outbound URL guard (alerts.urlguard)."""
+
+    class Meta:
+        model = Channel
+        fields = "__all__"
+
+    def clean(self) -> dict:
+        data = super().clean()
+        try:
+            urlguard.validate_channel(data.get("kind", ""), data.get("config"), field="config")
+        except ValidationError as exc:
+            self.add_error("config", exc.message_dict["config"])
+        return data

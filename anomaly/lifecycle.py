@@ -5,6 +5,9 @@ hour, which it has not seen, and its metric is the share of holdout GPU-minutes 
 (lower is better: the fleet is healthy most of the time, so a model that flags more of an
 ordinary hour is noisier, not more sensitive). The failure model's training lives in
 `anomaly.failure_pipeline`; this module only sequences them.
+
+Scoring (`score_all`) runs the detectors and the failure model minute by minute from a watermark per kind,
+under an advisory lock, so a pass lost to a killed worker is caught up by the next one.
 """
 
 from __future__ import annotations
@@ -12,11 +15,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from time import perf_counter
 
 import numpy as np
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
 
 from anomaly import features as F
 from anomaly.detectors.cohort import CohortIsolationForest
+from anomaly.models import ScoringKind, ScoringWatermark
 from anomaly.registry import Promotion, do_promote_version, do_register_version
 
 logger = logging.getLogger(__name__)
@@ -131,14 +139,130 @@ def _ticks(progress: Callable[[str], None]):
     return report
 
 
-def score_all(at: datetime) -> dict:
-    """One scoring pass: the detectors, then failure risk (when a failure model is active)."""
+# --- The per-minute scoring pass -------------------------------------------------------------------
+# First half of the scoring pass's advisory-lock key (second: SCORING_LOCK_KEY), apart from the rollups'
+# ("BWKR"), metering's ("BWMT") and the 0x6277_00xx keys of telemetry and alerts.
+LOCK_NAMESPACE = 0x42575343  # "BWSC"
+SCORING_LOCK_KEY = 1
+MINUTE = timedelta(minutes=1)
+
+
+def score_all(now: datetime) -> dict:
+    """Score every minute each kind (detectors, failure risk) has not scored, up to the minute holding `now`.
+
+    What the beat task and `manage.py score` run. Per kind, oldest minute first:
+
+    1. Each minute is its own transaction, which first takes the scoring advisory lock (transaction-scoped, so
+       a killed worker's lock dies with its connection). If another process holds it, stop and report
+       "skipped": that process is scoring the same minutes, and two passes at once would race on the open
+       events (anomaly_one_open_per_entity) and on the scores.
+    2. Under the lock, re-read the kind's watermark (the last minute it committed; another process may have
+       moved it since the last minute) and pick the minute after it. Further behind than the catch-up cap,
+       jump to the oldest of the last `cap` minutes, logging and counting the minutes jumped over. With no
+       watermark yet, score only the minute holding `now`.
+    3. Score that minute and advance the watermark in the same transaction: events, scores and watermark
+       commit together or not at all, so a pass killed mid-minute is redone whole by the next one, and no
+       minute is scored twice or left out.
+    4. A minute that raises rolls back alone and ends its kind for this pass (going on would leave a gap);
+       the next pass retries it. The other kind goes on: a broken failure model must not stop the detectors.
+    5. After the last commit, one fleet publish: the overview's anomaly card and score heatmaps change now.
+    """
+    if now.tzinfo is None:
+        raise ValueError(f"now={now.isoformat()!r} has no time zone; scoring minutes are UTC instants")
+    end, cap = now.replace(second=0, microsecond=0), _catchup_cap()
+    out: dict = {}
+    for kind in ScoringKind:
+        out[kind.value] = done = _catch_up(kind, end, cap)
+        if "skipped" in done:
+            out["skipped"] = done.pop("skipped")
+            break
+    if any(k.get("passes") for k in out.values() if isinstance(k, dict)):
+        from telemetry.live import schedule_fleet_publish
+
+        schedule_fleet_publish()  # after commit when a caller's transaction wraps this; at once otherwise
+    return out
+
+
+def _catchup_cap() -> int:
+    """SCORING_MAX_CATCHUP_MINUTES: the most minutes one pass scores per kind.
+
+    Why a cap: each minute costs seconds at fleet scale, so after a long outage a full catch-up would keep the
+    current minute, the one an operator acts on, waiting behind an hour of stale ones; an anomaly that old has
+    been and gone on the dashboards; and an old minute is not scored as it would have been then (the active
+    models, the inventory and the racks' power caps are read as they are now).
+    """
+    cap = getattr(settings, "SCORING_MAX_CATCHUP_MINUTES", 15)
+    if not isinstance(cap, int) or cap < 1:
+        raise ImproperlyConfigured(f"SCORING_MAX_CATCHUP_MINUTES must be a whole number of minutes >= 1, got {cap!r}")
+    return cap
+
+
+def _catch_up(kind: ScoringKind, end: datetime, cap: int) -> dict:
+    """One kind's minutes up to `end`, each committed with its watermark; see `score_all`."""
+    done: dict = {"passes": [], "done_until": None, "opened": 0, "extended": 0, "closed": 0}
+    while True:
+        at = None
+        try:
+            with transaction.atomic():
+                if not _try_lock():
+                    done["skipped"] = "another process holds the scoring lock and is scoring these minutes"
+                    return done
+                mark = ScoringWatermark.objects.select_for_update().filter(kind=kind).first()
+                at, jumped = _next_minute(mark, end, cap)
+                if at is None:
+                    done["done_until"] = mark.done_until.isoformat()
+                    return done
+                if jumped:
+                    _log_jump(kind, at, jumped, cap, done)
+                counts = _score_minute(kind, at, mark, jumped)
+        except Exception as exc:  # whatever it was, the minute rolled back whole and the next pass retries it
+            logger.exception("scoring %s as of %s failed; the next pass retries it", kind.value, at)
+            done["error"] = f"{at.isoformat() if at else 'before a minute was chosen'}: {exc}"
+            return done
+        done["passes"].append({"at": at.isoformat(), **counts})
+        done["done_until"] = at.isoformat()
+        for k in ("opened", "extended", "closed"):
+            done[k] += counts.get(k, 0)
+
+
+def _try_lock() -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, SCORING_LOCK_KEY])
+        return cur.fetchone()[0]
+
+
+def _next_minute(mark: ScoringWatermark | None, end: datetime, cap: int) -> tuple[datetime | None, int]:
+    """The next minute to score (None: up to date) and how many minutes before it go unscored (the cap)."""
+    if mark is None:
+        return end, 0
+    nxt = mark.done_until + MINUTE
+    if nxt > end:
+        return None, 0
+    oldest = end - (cap - 1) * MINUTE
+    if nxt < oldest:
+        return oldest, (oldest - nxt) // MINUTE
+    return nxt, 0
+
+
+def _log_jump(kind: ScoringKind, at: datetime, jumped: int, cap: int, done: dict) -> None:
+    first, last = at - jumped * MINUTE, at - MINUTE
+    logger.warning("scoring %s: %d minutes behind, more than the cap of %d; minutes %s to %s are not scored",
+                   kind.value, jumped + cap, cap, first.isoformat(), last.isoformat())
+    done["jumped"] = {"from": first.isoformat(), "to": last.isoformat(), "minutes": jumped}
+
+
+def _score_minute(kind: ScoringKind, at: datetime, mark: ScoringWatermark | None, jumped: int) -> dict:
+    """Score one minute and move the watermark to it (the caller's transaction holds both)."""
+    from anomaly import failure_pipeline
     from anomaly.scoring import score_fleet
 
-    out = {"detectors": score_fleet(at)}
-    from anomaly import failure_pipeline
-    from telemetry.live import schedule_fleet_publish
-
-    out["failure_risk"] = failure_pipeline.score_failure_risk(at)
-    schedule_fleet_publish()  # the overview's anomaly card and the score heatmaps change now, not at the next ingest
-    return out
+    scorer = score_fleet if kind == ScoringKind.DETECTORS else failure_pipeline.score_failure_risk
+    t0 = perf_counter()
+    counts = scorer(at)
+    mark = mark or ScoringWatermark(kind=kind)
+    mark.done_until, mark.last_result = at, counts
+    mark.minutes_scored += 1
+    mark.minutes_skipped += jumped
+    mark.last_ms = round((perf_counter() - t0) * 1000, 1)
+    mark.save()
+    return counts

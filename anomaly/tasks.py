@@ -11,14 +11,21 @@ from django.utils import timezone
 
 
 def _parse_now(now: str | None) -> datetime:
-    return datetime.fromisoformat(now) if now else timezone.now()
+    if not now:
+        return timezone.now()
+    at = datetime.fromisoformat(now)
+    if at.tzinfo is None:
+        raise ValueError(f"now={now!r} has no time zone: give an ISO 8601 time with one, e.g. 2026-11-30T12:00Z")
+    return at
 
 
-# No retries: beat runs the next pass in a minute, which is the retry. expires: a pass that
-# waited in the queue past the next one is stale, so it is dropped rather than run late.
+# No retries and a short expiry: every pass scores each minute not yet scored (anomaly.lifecycle.score_all keeps
+# a watermark per kind), so the next minute's pass is the retry, and a pass lost to a killed worker or dropped
+# from the queue as stale costs a delay, not a minute. `now` is for replays and tests; beat sends none.
 @shared_task(name="anomaly.tasks.score", acks_late=True, expires=55)
 def score(now: str | None = None) -> dict:
-    """Run every detector and the failure model as of `now`; returns what each recorded."""
+    """Score every minute up to `now` that the detectors and the failure model have not scored; returns what
+    each recorded, or "skipped" when another worker holds the scoring lock."""
     from anomaly.lifecycle import score_all
 
     return score_all(_parse_now(now))

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import redis
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -141,7 +142,13 @@ REDIS_URL = _env("REDIS_URL", "redis://127.0.0.1:56379/0")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": _env("BREAKWATER_CHANNEL_PREFIX", "bw")},
+        # channels_redis waits for messages with a 5 s blocking read (BZPOPMIN); redis-py 8's default
+        # 5 s socket timeout fires first and kills every idle websocket with 1011. Give the read room.
+        # retry_on_error: after a Redis restart the layer's pooled connections are dead; without a retry the
+        # first command fails and the page waits out a 5 s timeout before it is live again (1.2 s with it).
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15,
+                              "retry_on_error": [redis.ConnectionError]}],
+                   "prefix": _env("BREAKWATER_CHANNEL_PREFIX", "bw")},
     }
 }
 
@@ -172,6 +179,8 @@ CELERY_BEAT_SCHEDULE = {
     # Usage metering: complete hours from the ledger and the rollups, plus the last few hours again (tenancy).
     "tenancy-meter": {"task": "tenancy.tasks.meter", "schedule": timedelta(minutes=5)},
 }
+# Scoring catches up at most this many missed minutes per kind after an outage; older ones are logged and skipped.
+SCORING_MAX_CATCHUP_MINUTES = _env_int("SCORING_MAX_CATCHUP_MINUTES", 15)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -353,13 +362,104 @@ if PRODUCTION:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # The session cookie is never read by script; the CSRF cookie neither (our pages post forms with the
+    # token field, and Dash's renderer reads its own _csrf_token cookie, not Django's).
+    SESSION_COOKIE_HTTPONLY = True
+    CSRF_COOKIE_HTTPONLY = True
+    # Lax (the default, said out loud): links from chat notifications into the console still carry the
+    # session; cross-site POSTs do not.
+    SESSION_COOKIE_SAMESITE = "Lax"
+    CSRF_COOKIE_SAMESITE = "Lax"
+    SECURE_CONTENT_TYPE_NOSNIFF = True
+    SECURE_REFERRER_POLICY = "same-origin"
+    SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+    # No page is framed (Dash apps are embedded directly, not in iframes); the CSP says frame-ancestors 'none'.
+    X_FRAME_OPTIONS = "DENY"
 # --- Ingest admission control and ingest rate limits (issue 8: overload) ---
+# Batches parsed and written at once per web process (telemetry.api.admission). The write is bound by the
+# database (COPY, last-value upsert), so past a few concurrent batches a process gains no throughput, only latency
+# and memory (each running batch is held parsed); 4 is the concurrency bench/ingest measures with, and it stays
+# below the worker-thread pool every process has (min(32, CPUs + 4)), so an admitted batch never queues for a thread.
+INGEST_MAX_INFLIGHT = _env_int("INGEST_MAX_INFLIGHT", 4)
+# Batches that may wait for a slot, FIFO; beyond them the answer is an immediate 429 + Retry-After. 16 (four per
+# slot) absorbs the burst of a fleet whose agents tick on the same wall-clock second, while the wait stays at a few
+# batch times, far below the agent's 10 s request timeout, so nobody waits for an answer it will not read.
+INGEST_MAX_WAITING = _env_int("INGEST_MAX_WAITING", 16)
+# Per collector token, shared by every web process through Redis: sustained requests/s and the burst above it.
+# 0 turns the limit off. One token may serve a whole fleet: 2,048 nodes pushing every 10 s are ~200 requests/s,
+# and their spools drain together after an outage, so 1,000/s with a burst of 2,000 is only ever reached by a
+# runaway collector, never by agents or the simulator working normally.
+INGEST_RATE_PER_TOKEN = _env_int("INGEST_RATE_PER_TOKEN", 1000)
+INGEST_RATE_BURST = _env_int("INGEST_RATE_BURST", 2000)
+for _name, _least in (("INGEST_MAX_INFLIGHT", 1), ("INGEST_MAX_WAITING", 0), ("INGEST_RATE_PER_TOKEN", 0),
+                      ("INGEST_RATE_BURST", 1)):
+    if globals()[_name] < _least:
+        raise ImproperlyConfigured(f"{_name} must be at least {_least}, got {globals()[_name]}")
 # --- end ingest admission ---
 
 # --- Web security: CSP, login rate limit and lockout (issue 8: security) ---
+# dashboard.security; docs/security.md. The policy is enforced unless CSP_REPORT_ONLY (a trial of a change).
+CSP_REPORT_ONLY = _env_bool("CSP_REPORT_ONLY", False)
+CSP_REPORT_URI = (_env("CSP_REPORT_URI", "") or "").strip()
+# LOGIN_FAILURE_LIMIT failed sign-ins for one username within LOGIN_FAILURE_WINDOW lock it for LOGIN_LOCKOUT.
+LOGIN_FAILURE_LIMIT = _env_int("LOGIN_FAILURE_LIMIT", 5)
+LOGIN_FAILURE_WINDOW = timedelta(minutes=_env_int("LOGIN_FAILURE_WINDOW_MINUTES", 15))
+LOGIN_LOCKOUT = timedelta(minutes=_env_int("LOGIN_LOCKOUT_MINUTES", 15))
+# At most LOGIN_RATE_LIMIT sign-in POSTs per client IP per LOGIN_RATE_WINDOW (console and admin); then 429.
+LOGIN_RATE_LIMIT = _env_int("LOGIN_RATE_LIMIT", 20)
+LOGIN_RATE_WINDOW = timedelta(seconds=_env_int("LOGIN_RATE_WINDOW_SECONDS", 60))
+for _name, _value in (("LOGIN_FAILURE_LIMIT", LOGIN_FAILURE_LIMIT), ("LOGIN_RATE_LIMIT", LOGIN_RATE_LIMIT),
+                      ("LOGIN_FAILURE_WINDOW_MINUTES", LOGIN_FAILURE_WINDOW.total_seconds()),
+                      ("LOGIN_LOCKOUT_MINUTES", LOGIN_LOCKOUT.total_seconds()),
+                      ("LOGIN_RATE_WINDOW_SECONDS", LOGIN_RATE_WINDOW.total_seconds())):
+    if _value < 1:
+        raise ImproperlyConfigured(f"{_name} must be at least 1, got {_value:g}")
+# Reverse proxies in front of the web processes whose X-Forwarded-For is trusted for the client address.
+# Production already trusts the proxy's X-Forwarded-Proto, so it assumes one; 0 means REMOTE_ADDR.
+CLIENT_IP_PROXY_COUNT = _env_int("CLIENT_IP_PROXY_COUNT", 1 if PRODUCTION else 0)
+# Right after SecurityMiddleware: its HTTPS redirect comes first; then the policy header, which sees every
+# later HTML response; then the rate limit, which answers before sessions, CSRF or a view run.
+_after_security = MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1
+MIDDLEWARE[_after_security:_after_security] = [
+    "dashboard.security.ContentSecurityPolicyMiddleware",
+    "dashboard.security.LoginRateLimitMiddleware",
+]
 # --- end web security ---
 
 # --- Outbound URL guard for webhooks and channels (issue 8: SSRF) ---
+# Channel URLs may not reach loopback, private, link-local (cloud metadata) or other non-public addresses
+# (alerts.urlguard) unless named here, comma-separated: a host ("hooks.corp.example", "127.0.0.1": any
+# port), a host:port ("127.0.0.1:58025", "[::1]:8080") or a network ("10.20.0.0/16"). Empty: public only.
+
+
+def _outbound_allowlist(raw: str) -> tuple[str, ...]:
+    import ipaddress
+    import re
+
+    entries = tuple(e.strip().lower() for e in raw.split(",") if e.strip())
+    for entry in entries:
+        host, port = entry, ""
+        if entry.startswith("["):  # [v6] or [v6]:port
+            host, _, port = entry[1:].partition("]")
+            port = port.removeprefix(":") if port.startswith(":") or not port else "?"
+        elif entry.count(":") == 1:
+            host, _, port = entry.partition(":")
+        try:
+            if "/" in entry:
+                ipaddress.ip_network(entry, strict=False)
+            elif ":" in host or entry.startswith("["):
+                ipaddress.ip_address(host)
+            elif not re.fullmatch(r"[a-z0-9_.-]+", host):
+                raise ValueError("not a host name")
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"bad port {port!r}")
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"OUTBOUND_URL_ALLOWLIST entry {entry!r}: write a host, host:port or "
+                                       f"a network (a.b.c.d/nn): {exc}") from None
+    return entries
+
+
+OUTBOUND_URL_ALLOWLIST = _outbound_allowlist(_env("OUTBOUND_URL_ALLOWLIST", "") or "")
 # --- end outbound URL guard ---
 
 # request.body refuses bodies above this; ingest bodies may be that large (413 beyond it).

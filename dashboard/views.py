@@ -1,10 +1,16 @@
 """Operator pages: each renders a template; the Dash apps inside load their own data."""
 
+from django.contrib import admin
 from django.contrib.auth.views import LoginView
 from django.shortcuts import render
 
+from dashboard.security import LockoutAdminAuthenticationForm, LockoutAuthenticationForm
 from telemetry import selectors
 from tenancy.access import operator_required
+
+# The admin's sign-in gets the console's lockout: it is the other password form on the site. Set here
+# because the URLconf (which mounts admin.site) imports this module before any request is served.
+admin.site.login_form = LockoutAdminAuthenticationForm
 
 
 @operator_required
@@ -23,6 +29,7 @@ class RoleLoginView(LoginView):
     """The sign-in form; without a `next`, operators land on the fleet and tenants' users on their portal."""
 
     template_name = "login.html"
+    form_class = LockoutAuthenticationForm
 
     def get_default_redirect_url(self):
         from tenancy.access import PORTAL_URL

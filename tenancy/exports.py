@@ -28,6 +28,10 @@ USAGE_COLUMNS = (
     "lost_hours", "energy_gpu_kwh", "energy_node_kwh", "energy_facility_kwh",
 )
 USAGE_QUANTITIES = USAGE_COLUMNS[6:]
+# A spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(...), =cmd|'/C calc'!A0):
+# text from outside (job ids, descriptions, correction reasons) gets a leading ' so it stays text (OWASP CSV
+# injection). Numbers are written by _s and keep their sign.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _s(value) -> str:
@@ -41,6 +45,13 @@ def _s(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _cell(value) -> str:
+    """A CSV cell: text neutralised against formula injection, anything else as _s writes it."""
+    if isinstance(value, str):
+        return "'" + value if value.startswith(FORMULA_PREFIXES) else value
+    return _s(value)
 
 
 def _lines(invoice: Invoice) -> list[dict]:
@@ -80,15 +91,15 @@ def invoice_json(invoice: Invoice) -> str:
 
 def invoice_csv(invoice: Invoice) -> str:
     """One row per line in INVOICE_COLUMNS order, then a `total` row whose amount is the invoice total."""
-    head = [invoice.number, invoice.tenant.slug, _s(invoice.period_start), _s(invoice.period_end), invoice.state,
-            _s(invoice.showback), invoice.currency]
+    head = [_cell(v) for v in (invoice.number, invoice.tenant.slug, invoice.period_start, invoice.period_end,
+                               invoice.state, invoice.showback, invoice.currency)]
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
     out.writerow(INVOICE_COLUMNS)
     for r in _lines(invoice):
-        out.writerow(head + [r["id"], r["kind"], r["job_key"], r["gpu_model"], r["mig_profile"], r["qos"],
-                             r["rate_card__name"] or "", r["description"], _s(r["quantity"]), r["unit"],
-                             _s(r["unit_price"]), _s(r["amount"]), _s(r["corrects_id"]), r["reason"]])
+        out.writerow(head + [_cell(v) for v in (
+            r["id"], r["kind"], r["job_key"], r["gpu_model"], r["mig_profile"], r["qos"], r["rate_card__name"] or "",
+            r["description"], r["quantity"], r["unit"], r["unit_price"], r["amount"], r["corrects_id"], r["reason"])])
     total = dict.fromkeys(INVOICE_COLUMNS[len(head):], "") | {"kind": "total", "amount": _s(invoice.total)}
     out.writerow(head + list(total.values()))
     return buf.getvalue()
@@ -121,5 +132,5 @@ def usage_csv(who, start: datetime, end: datetime, *, tenant=None) -> str:
     out = csv.writer(buf, lineterminator="\n")
     out.writerow(USAGE_COLUMNS)
     for r in usage_rows(who, start, end, tenant=tenant):
-        out.writerow([_s(r[c]) for c in USAGE_COLUMNS])
+        out.writerow([_cell(r[c]) for c in USAGE_COLUMNS])
     return buf.getvalue()

@@ -18,6 +18,8 @@ SHARED_DATA = Path(os.environ.get("BREAKWATER_SHARED_DATA", REPO.parent / "share
 os.environ.setdefault("CELERY_QUEUE", "bw-test" + os.environ.get("TEST_DB_SUFFIX", ""))
 # Likewise live pushes: a test's ticks must not reach the pages of a running `./dev up`.
 os.environ.setdefault("BREAKWATER_CHANNEL_PREFIX", "bwtest" + os.environ.get("TEST_DB_SUFFIX", ""))
+# The tests' notification receivers listen on loopback, which the outbound URL guard refuses unless allowlisted.
+os.environ.setdefault("OUTBOUND_URL_ALLOWLIST", "127.0.0.1,::1,localhost")
 
 
 def _isolate_from_dev() -> None:
@@ -29,6 +31,7 @@ def _isolate_from_dev() -> None:
         return
     settings.CELERY_TASK_DEFAULT_QUEUE = os.environ["CELERY_QUEUE"]
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = os.environ["BREAKWATER_CHANNEL_PREFIX"]
+    settings.OUTBOUND_URL_ALLOWLIST = tuple(os.environ["OUTBOUND_URL_ALLOWLIST"].split(","))
     from dashboard.celery import app
 
     app.conf.task_default_queue = os.environ["CELERY_QUEUE"]
@@ -58,6 +61,21 @@ def _no_persistent_worker_connections():
         from django.db import connections
 
         connections.settings["default"]["CONN_MAX_AGE"] = 0
+        # Django empties the test database with TRUNCATE after each transactional test; the audit log's and
+        # final invoices' guards refuse that unless the session says so (alerts/tenancy migrations 0003).
+        connections.settings["default"].setdefault("OPTIONS", {})["options"] = "-c breakwater.allow_truncate=on"
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _no_login_counters_across_tests():
+    """Failed-login counts live in Redis for 15 minutes: one test's failures must not lock out the next."""
+    from django.conf import settings
+
+    if settings.configured:
+        from dashboard.security import clear_login_counters
+
+        clear_login_counters()
     yield
 
 

@@ -21,6 +21,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
 
+from alerts import urlguard
+
 log = logging.getLogger(__name__)
 
 REDACTED = "[redacted]"
@@ -163,7 +165,9 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_opener = urllib.request.build_opener(_NoRedirect)
+# Every HTTP delivery passes the outbound URL guard (alerts.urlguard): it resolves the host, refuses
+# non-public addresses the allowlist does not name, and connects to the address it checked.
+_opener = urlguard.opener(_NoRedirect)
 
 
 class HttpTransport(Transport):
@@ -195,6 +199,8 @@ class HttpTransport(Transport):
         try:
             with _opener.open(request, timeout=settings.ALERT_HTTP_TIMEOUT_SECONDS) as resp:
                 status, text = resp.status, _read(resp)
+        except urlguard.RefusedURL as exc:  # a configuration error: retrying reaches the same address
+            raise TransportError(f"refused {self.label} url: {exc}", permanent=True) from None
         except urllib.error.HTTPError as exc:
             status, text = exc.code, _read(exc)
             retry_after = _retry_after(exc.headers.get("Retry-After") if exc.headers else None)

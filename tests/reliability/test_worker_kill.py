@@ -2,7 +2,9 @@
 
 Each test stops the worker at a known point inside the pass's write transaction, proves with a query that the
 pass was under way there (its lock held, its earlier work committed, the rest invisible), SIGKILLs it, starts a
-new worker and compares the result with an uninterrupted single-process run: nothing missing, nothing twice.
+new worker that runs beat's next pass as it comes (the killed one is not sent again: it would only return after
+Redis's visibility timeout), and compares the result with an uninterrupted single-process run: from their
+watermarks, the rollups and the scoring resume with nothing missing and nothing twice.
 (The notification case is tests/alerts/test_delivery.py::test_worker_killed_mid_delivery_is_redelivered_...)
 """
 
@@ -16,9 +18,12 @@ import pytest
 from django.db import connection
 
 from anomaly import tasks as anomaly_tasks
-from anomaly.models import Anomaly, EntityScore
+from anomaly.lifecycle import LOCK_NAMESPACE as SCORING_LOCK_NAMESPACE
+from anomaly.lifecycle import SCORING_LOCK_KEY
+from anomaly.models import Anomaly, EntityScore, ScoringWatermark
 from dashboard.celery import app
 from telemetry import tasks as telemetry_tasks
+from telemetry.live import wait_for_trailing_publish
 from telemetry.models import Allocation, Gpu, Job, Node, RollupWatermark
 from telemetry.rollups import BY_NAME, LOCK_NAMESPACE
 from tests.reliability import procs
@@ -27,6 +32,7 @@ from tests.telemetry.factories import fill_gpu_fleet, insert_rollup
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 MIN = timedelta(minutes=1)
+SECOND = timedelta(seconds=1)
 
 
 @pytest.fixture
@@ -130,12 +136,13 @@ AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 LEVELS = {"gpu_util_avg": 95.0, "sm_clock_avg": 1980.0, "mem_clock_avg": 2619.0, "gpu_temp_avg": 62.0,
           "memory_temp_avg": 70.0, "power_w_avg": 650.0, "fb_used_avg": 70000.0, "sm_active_avg": 0.8,
           "tensor_active_avg": 0.5, "ecc_sbe_vol_delta": 0, "pcie_replay_delta": 0}
-PASSES = (AT, AT + MIN, AT + 2 * MIN)
+MINUTES = (AT, AT + MIN, AT + 2 * MIN, AT + 3 * MIN)  # the minutes beat's passes score, one each
 
 
 def _fleet() -> None:
-    """Two nodes of 8 GPUs, node-a on one job. GPU 3 runs hot from the start; GPU 5 from the second pass's
-    window on, so the killed pass is the one that opens its event."""
+    """Two nodes of 8 GPUs, node-a on one job. A pass at t flags a GPU hot in both buckets it reads (t-3, t-2):
+    GPU 3 is hot until bucket AT-1, so its event opens at AT and closes at AT+2; GPU 5 from bucket AT-2 on, so
+    the killed pass (AT+1) is the one that opens its event, and every later minute extends it."""
     gpus = []
     for host in ("node-a", "node-b"):
         node = Node.objects.create(hostname=host)
@@ -145,20 +152,22 @@ def _fleet() -> None:
     for g in gpus[:8]:
         Allocation.objects.create(job=job, node=g.node, gpu=g, gpu_index=g.index, start=AT - 2 * 60 * MIN)
     rows = []
-    for bucket in [AT - m * MIN for m in (3, 2, 1, 0)]:
+    for bucket in [AT + m * MIN for m in range(-3, 2)]:
         for k, g in enumerate(gpus):
-            hot = k == 3 or (k == 5 and bucket >= AT - MIN)
+            hot = (k == 3 and bucket <= AT - MIN) or (k == 5 and bucket >= AT - 2 * MIN)
             rows.append((g.id, bucket, {**LEVELS, "gpu_temp_avg": 62.0 + (k % 3) * 0.5,
                                         "memory_temp_avg": 84.0 if hot else 70.0}))
     insert_rollup("gpu", "1m", rows)
 
 
-def anomaly_state() -> tuple[list, list]:
+def anomaly_state() -> tuple[list, list, dict]:
+    """Events, current scores, and per scoring kind: the last minute scored, minutes scored, minutes skipped."""
     events = list(Anomaly.objects.order_by("kind", "entity_id", "started_at").values_list(
         "kind", "entity_id", "started_at", "last_seen", "ended_at", "score", "last_score", "summary"))
     scores = list(EntityScore.objects.order_by("entity_kind", "entity_id").values_list(
         "entity_kind", "entity_id", "anomaly_score", "anomaly_at"))
-    return events, scores
+    marks = {m.kind: (m.done_until, m.minutes_scored, m.minutes_skipped) for m in ScoringWatermark.objects.all()}
+    return events, scores, marks
 
 
 def _blocked_on(holder_pid: int) -> list[tuple]:
@@ -166,44 +175,59 @@ def _blocked_on(holder_pid: int) -> list[tuple]:
     return _query("SELECT pid, query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [holder_pid])
 
 
-def test_scoring_worker_killed_mid_write_leaves_nothing_and_the_rerun_equals_an_uninterrupted_run(workers):
+def _scoring_lock_holders() -> list[int]:
+    """Backends holding the scoring pass's advisory lock in this database."""
+    return [pid for (pid,) in _query(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s AND objid = %s "
+        "AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        [SCORING_LOCK_NAMESPACE, SCORING_LOCK_KEY])]
+
+
+def test_scoring_worker_killed_mid_minute_is_caught_up_by_the_next_pass_like_an_uninterrupted_run(workers):
     from anomaly.lifecycle import score_all
     from anomaly.registry import load_active
     from anomaly.scoring import clear_caches
 
     _fleet()
     first = workers("first")
-    anomaly_tasks.score.delay(now=PASSES[0].isoformat())
-    _wait(lambda: EntityScore.objects.filter(entity_kind="fleet", anomaly_at=PASSES[0]).exists(), "pass 1", first)
+    anomaly_tasks.score.delay(now=(AT + 5 * SECOND).isoformat())  # as beat sends it: a few seconds into AT
+    _wait(lambda: ScoringWatermark.objects.filter(kind="failure_risk", done_until=AT).exists(), "pass 1", first)
     after_first = anomaly_state()
     [open_event] = Anomaly.objects.filter(ended_at=None)
 
-    # Hold the open event's row: the next pass computes every finding, enters its write transaction and waits
-    # there for the row (do_record_findings locks the open events first).
+    # Hold the open event's row: the next pass takes the scoring lock, computes minute AT+1's findings, enters
+    # its write and waits there for the row (do_record_findings locks the open events first).
     with _other_connection() as other:
         other.execute("SELECT id FROM anomaly_anomaly WHERE id = %s FOR UPDATE", [open_event.pk])
         holder = other.info.backend_pid
-        anomaly_tasks.score.delay(now=PASSES[1].isoformat())
+        anomaly_tasks.score.delay(now=(AT + MIN + 5 * SECOND).isoformat())
         [(pid, query)] = _wait(lambda: _blocked_on(holder), "pass 2 to reach its write", first)
         assert "anomaly_anomaly" in query and "FOR UPDATE" in query
+        assert _scoring_lock_holders() == [pid]  # mid-minute, under the lock
         second = workers("second", wait=False)  # starts while the pass waits; the queue is empty
         first.kill()
         other.rollback()  # the dead pass's backend gets the row, finds its client gone and rolls back
     _wait(lambda: _gone(pid), "the killed worker's backend to go")
-    assert anomaly_state() == after_first, "the killed pass left part of its write behind"
+    assert not _scoring_lock_holders(), "the scoring lock outlived the worker"
+    assert anomaly_state() == after_first, "the killed pass left part of its minute behind"
 
+    # Beat's pass for AT+2 found no worker; the killed message returns only after Redis's visibility timeout and
+    # then expires. The new worker runs beat's next pass, at AT+3, as it comes: it scores AT+1, AT+2 and AT+3.
     procs.wait_ready([second])
-    for at in PASSES[1:]:  # the lost pass again (its message comes back to the queue), then the next minute's
-        anomaly_tasks.score.delay(now=at.isoformat())
-    _wait(lambda: EntityScore.objects.filter(entity_kind="fleet", anomaly_at=PASSES[-1]).exists(), "pass 3",
-          second)
+    anomaly_tasks.score.delay(now=(AT + 3 * MIN + 5 * SECOND).isoformat())
+    _wait(lambda: ScoringWatermark.objects.filter(kind="failure_risk", done_until=MINUTES[-1]).exists(),
+          "the catch-up pass", second)
     interrupted = anomaly_state()
-    assert Anomaly.objects.filter(ended_at=None).count() == 2  # GPU 3 and GPU 5, one open event each
+    assert interrupted[2] == {"detectors": (MINUTES[-1], 4, 0), "failure_risk": (MINUTES[-1], 4, 0)}
+    assert [(e[1], e[2], e[4]) for e in interrupted[0]] == [
+        ("GPU-node-a-3", AT, AT + 2 * MIN), ("GPU-node-a-5", AT + MIN, None)]  # opened in the killed minute
 
     Anomaly.objects.all().delete()
     EntityScore.objects.all().delete()
+    ScoringWatermark.objects.all().delete()
     clear_caches()
     load_active.cache_clear()
-    for at in PASSES:
-        score_all(at)
+    for at in MINUTES:  # one pass a minute in this process: the run nothing interrupted
+        score_all(at + 5 * SECOND)
+    wait_for_trailing_publish()
     assert interrupted == anomaly_state()

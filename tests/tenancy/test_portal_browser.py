@@ -38,7 +38,9 @@ def test_tenant_lands_on_portal_sees_usage_and_waste_and_downloads_invoice(asgi_
     # The server's clock is the real one: the demo card (from this month's start) is moved back so that
     # every day of the 30-day charts is priced, whatever the day of the month the test runs on.
     RateCard.objects.filter(pk=world["card"].pk).update(effective_from=floor_day(now) - timedelta(days=40))
-    start = month_start(now)
+    # The world's usage spans the last ten days: invoice the month that holds the first of them (early in a month
+    # this month's invoice would still be empty).
+    start = month_start(now - timedelta(days=10))
     draft = do_generate_invoice(world["tenants"]["llm-core"], start, start.replace(
         year=start.year + start.month // 12, month=start.month % 12 + 1), now=now)
     errors, page, url = [], browser_page, asgi_server.url
@@ -67,8 +69,8 @@ def test_tenant_lands_on_portal_sees_usage_and_waste_and_downloads_invoice(asgi_
 
     page.click("header button[type=submit]")  # log out
     get_user_model().objects.create_user("op", password=PASSWORD, is_staff=True)
-    _sign_in(page, url, "op", "/chargeback/")
-    page.wait_for_url(f"{url}/chargeback/")
+    _sign_in(page, url, "op", f"/chargeback/?period={start:%Y-%m}")
+    page.wait_for_url(f"{url}/chargeback/?period={start:%Y-%m}")
     table = page.locator("#bw-tenants")
     for slug in ("acme", "llm-core", "serving", "helix", "hpc-science"):
         assert table.locator(f"tr[data-tenant='{slug}']").count() == 1
