@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
 import schemathesis
 import yaml
 from django.urls import URLPattern, URLResolver, get_resolver
