@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -196,6 +198,7 @@ def browser_page():
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.wait_for_function = functools.partial(_wait_for_function, page)
         yield page
         browser.close()
         # While Playwright's loop runs, the test's ORM calls get a connection of their own
@@ -204,6 +207,26 @@ def browser_page():
 
         connections.close_all()
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+def _wait_for_function(page, expression: str, *, arg=None, timeout: float | None = None, polling=None) -> None:
+    """Page.wait_for_function under the pages' strict CSP.
+
+    Playwright re-checks the predicate inside the page by evaluating its source text, which a CSP without
+    'unsafe-eval' forbids (EvalError), so the pages would need a weaker policy just to be tested. This polls
+    from here instead: page.evaluate goes through the DevTools protocol, which the CSP does not govern. The
+    browser tests therefore run under exactly the policy users get.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    deadline = time.monotonic() + (30_000 if timeout is None else timeout) / 1000
+    interval_ms = polling if isinstance(polling, (int, float)) else 20
+    while True:
+        if page.evaluate(expression, arg):
+            return
+        if time.monotonic() > deadline:
+            raise PlaywrightTimeoutError(f"wait_for_function: {timeout} ms exceeded waiting for {expression[:200]}")
+        page.wait_for_timeout(interval_ms)
 
 
 # Screenshots of every page, kept as test artefacts (CI keeps var/artifacts; README images are

@@ -149,7 +149,7 @@ def test_the_literal_check_catches_a_committed_secret(assignment, tmp_path, monk
 
 def test_the_secret_pattern_matches_real_shapes_and_not_the_tests_fakes():
     real = ["bwt_" + secrets.token_urlsafe(32), "bwc_" + secrets.token_urlsafe(32),
-            "-----BEGIN OPENSSH PRIVATE KEY-----", "AKIA" + "ABCDEFGHIJKLMNOP"]
+            "-----BEGIN OPENSSH " + "PRIVATE KEY-----", "AKIA" + "ABCDEFGHIJKLMNOP"]
     fakes = ["bwt_not-a-real-token", "xoxb-sl4ck-t0k3n", "Authorization: Bearer bwt_…"]
     assert [bool(COMMITTED_SECRET.search(s)) for s in real] == [True] * len(real)
     assert [bool(COMMITTED_SECRET.search(s)) for s in fakes] == [False] * len(fakes)
