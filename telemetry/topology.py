@@ -135,7 +135,45 @@ def _syntax_error(kind: str, line: int | None, column: int | None, problem: str)
     return TopologyError([TopologyIssue(where, f"{kind} syntax error: {problem}")])
 
 
+def _alias_expansion_issue(doc: Any, limit: int) -> str | None:
+    """Why `doc` cannot be walked: a container that contains itself, or more than `limit` values once
+    aliases are expanded (each use of an anchored container counts its values again, as the importer
+    would visit them). None when it is fine. Iterative and memoised: linear in what was written."""
+    sizes: dict[int, int] = {}
+    path: set[int] = set()  # containers being counted: meeting one again is a cycle
+    stack: list[tuple[Any, bool]] = [(doc, False)]
+    while stack:
+        obj, leaving = stack.pop()
+        if not isinstance(obj, dict | list):
+            continue
+        children = list(obj.values()) if isinstance(obj, dict) else obj
+        if leaving:
+            path.discard(id(obj))
+            sizes[id(obj)] = 1 + sum(sizes.get(id(c), 1) for c in children)
+            if sizes[id(obj)] > limit:
+                return f"YAML aliases expand the document to more than {limit:,} values"
+            continue
+        if id(obj) in sizes:
+            continue
+        if id(obj) in path:
+            return "a YAML alias refers to a mapping or list that contains it"
+        path.add(id(obj))
+        stack.append((obj, True))
+        stack.extend((c, False) for c in children if isinstance(c, dict | list) and id(c) not in sizes)
+    return None
+
+
 def _parse_yaml(data: bytes) -> Any:
+    doc = _load_yaml(data)
+    # A 1 KiB file of nested aliases ("billion laughs") expands to millions of racks and GPUs: refuse
+    # more values than the file has bytes (a written value takes at least two), with room for small files.
+    problem = _alias_expansion_issue(doc, max(100_000, len(data)))
+    if problem:
+        raise TopologyError([TopologyIssue("", problem)])
+    return doc
+
+
+def _load_yaml(data: bytes) -> Any:
     try:
         return yaml.load(data, Loader=_StrictYamlLoader)  # a SafeLoader: builds no objects
     except yaml.MarkedYAMLError as exc:
@@ -146,6 +184,8 @@ def _parse_yaml(data: bytes) -> Any:
         raise _syntax_error("YAML", mark.line + 1, mark.column + 1, problem) from exc
     except yaml.YAMLError as exc:  # undecodable bytes and the like carry no line
         raise _syntax_error("YAML", None, None, str(exc)) from exc
+    except ValueError as exc:  # PyYAML's int() of a number with more than 4,300 digits; it keeps no line
+        raise _syntax_error("YAML", None, None, f"a number is too long: {exc}") from exc
 
 
 def _parse_json(data: bytes) -> Any:

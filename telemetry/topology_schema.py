@@ -133,8 +133,12 @@ def _integer(lowest: int, highest: int) -> Check:
 def _positive_number(value: Any) -> str | None:
     if not isinstance(value, int | float) or isinstance(value, bool):
         return f"expected a number, got {_shown(value)}"
-    if not math.isfinite(value) or value <= 0:
-        return f"{value} must be a positive number"
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer past float range: stored as a float, it cannot be
+        return f"{_shown(value)} is out of range for a number"
+    if not finite or value <= 0:
+        return f"{_shown(value)} must be a positive number"
     return None
 
 

@@ -45,9 +45,14 @@ WORD_COUNTERS = frozenset({"port_xmit_data", "port_rcv_data"})
 NOT_COUNTERS = frozenset({"lifespan"})
 
 LINK_LAYERS = {"infiniband": "infiniband", "ethernet": "ethernet"}
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
-_STATE = re.compile(r"^\s*(\d+)\s*:")
-_INT = re.compile(r"^\d+$")
+# Digit counts are capped: sysfs prints u64 counters (20 digits), a rate like "400" and a state 0-7, so a
+# longer run of digits is damage, and int() refuses strings over 4,300 digits outright.
+_RATE = re.compile(r"^\s*(\d{1,6}(?:\.\d{1,6})?)\s*Gb/sec", re.ASCII)
+_STATE = re.compile(r"^\s*(\d{1,3})\s*:", re.ASCII)
+_INT = re.compile(r"^\d{1,20}$", re.ASCII)
+# The server stores counters as signed 64-bit integers (data counters after the words-to-bytes x4),
+# and refuses a whole batch that holds a larger one: such a reading is skipped here as a problem.
+_COUNTER_LIMIT = 2**63
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +106,9 @@ def read_sysfs(root: Path = SYSFS_ROOT, *, host: str, problems: list[Problem] | 
 
 
 def _port_sort_key(path: Path) -> tuple[int, str]:
-    # Ports are numbered; "10" sorts after "9".
-    return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
+    # Ports are numbered; "10" sorts after "9". isdigit() alone would admit "²", which int() refuses.
+    name = path.name
+    return (int(name), "") if name.isascii() and name.isdecimal() and len(name) < 10 else (1 << 30, name)
 
 
 def _read_port(port: Path, name: str, host: str, problems: list[Problem]) -> dict:
@@ -149,7 +155,11 @@ def _read_counter_dir(directory: Path, problems: list[Problem]) -> dict[str, int
         if not _INT.match(text):
             problems.append(Problem(path, f"not a counter value: {text[:40]!r}"))
             continue
-        values[path.name] = int(text)
+        value, scale = int(text), 4 if path.name in WORD_COUNTERS else 1
+        if value * scale >= _COUNTER_LIMIT:
+            problems.append(Problem(path, f"counter value {value} does not fit a signed 64-bit integer"))
+            continue
+        values[path.name] = value
     return values
 
 
@@ -212,8 +222,9 @@ PERFQUERY_TO_SYSFS: dict[str, str] = {
 # Echoes of the query itself, not counters.
 PERFQUERY_SELECTORS = frozenset({"PortSelect", "CounterSelect", "CounterSelect2"})
 
-_PQ_HEADER = re.compile(r"^# Port extended counters: Lid (\d+) port (\d+)\b")
-_PQ_LINE = re.compile(r"^(\w+):\.*\s*(0x[0-9a-fA-F]+|\d+)$")
+_PQ_HEADER = re.compile(r"^# Port extended counters: Lid (\d{1,5}) port (\d{1,3})\b", re.ASCII)
+# 64-bit counters: at most 16 hex or 20 decimal digits (int() refuses more than 4,300 outright).
+_PQ_LINE = re.compile(r"^(\w+):\.*\s*(0x[0-9a-fA-F]{1,16}|\d{1,20})$", re.ASCII)
 
 
 def parse_perfquery_x(
@@ -266,7 +277,11 @@ def _perfquery_blocks(text: str) -> list[tuple[int, int, dict[str, int]]]:
             raise PerfqueryError(f"line {n}: malformed counter line: {line[:80]!r}")
         if not blocks:
             raise PerfqueryError(f"line {n}: counter before any '# Port extended counters' header")
-        name, value = m.group(1), int(m.group(2), 0)
+        # Base 16 or 10 by hand: int(x, 0) refuses the leading zeros of "0123".
+        name, digits = m.group(1), m.group(2)
+        value = int(digits, 16) if digits[:2] == "0x" else int(digits)
+        if value * (4 if PERFQUERY_TO_SYSFS.get(name) in WORD_COUNTERS else 1) >= _COUNTER_LIMIT:
+            raise PerfqueryError(f"line {n}: {name} value {digits} does not fit a signed 64-bit counter")
         _lid, port, counters = blocks[-1]
         if name in counters:
             raise PerfqueryError(f"line {n}: {name} repeated in one block")

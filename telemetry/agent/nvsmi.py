@@ -86,9 +86,12 @@ class Node:
         return next((c for c in self.children if c.key == key), None)
 
     def walk(self) -> Iterator[Node]:
-        for c in self.children:
-            yield c
-            yield from c.walk()
+        """Every descendant, depth first; iterative, so a deeply nested capture cannot exhaust the stack."""
+        stack = list(reversed(self.children))
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
 
 
 def _unavailable(text: str | None) -> bool:
@@ -115,7 +118,9 @@ def _lookup(node: Node, path: tuple[str, ...]) -> str | object:
 
 # --- values and units --------------------------------------------------------------------------
 
-_NUMBER = re.compile(r"^([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%/()]*)$")
+# ASCII digits only, and no more of them than any reading has: a 5,000-digit "count" is damage, not data
+# (and int() refuses strings over 4,300 digits).
+_NUMBER = re.compile(r"^([-+]?\d{1,40}(?:\.\d{1,40})?)\s*([A-Za-z%/()]*)$", re.ASCII)
 
 # Accepted unit spellings per unit family and their scale to the registry unit.
 _UNITS: dict[str, dict[str, float]] = {
@@ -429,15 +434,27 @@ def _build(root: Node, gpus: list[tuple[Node, str | None]], host: str, schema: _
 # --- XML ---------------------------------------------------------------------------------------
 
 
+# nvidia-smi nests at most ~6 levels; anything far deeper is damage (and would cost a stack per level).
+MAX_XML_DEPTH = 64
+
+
 def _xml_node(elem: ElementTree.Element, where: str) -> Node:
-    node = Node(_norm(elem.tag), elem.tag, (elem.text or "").strip() or None, where)
-    seen: dict[str, int] = {}
-    for child in elem:
-        n = seen[child.tag] = seen.get(child.tag, 0) + 1
-        node.children.append(_xml_node(child, f"{where}/{child.tag}[{n}]"))
-    if node.children and node.value is not None and not _unavailable(node.value):
-        node.value = None  # only a section's "N/A" placeholder text matters; other text is whitespace
-    return node
+    root = Node(_norm(elem.tag), elem.tag, (elem.text or "").strip() or None, where)
+    stack = [(elem, root, 0)]
+    while stack:
+        parent, node, depth = stack.pop()
+        if depth > MAX_XML_DEPTH:
+            raise NvsmiError(f"{node.where}: elements nested deeper than {MAX_XML_DEPTH} levels")
+        seen: dict[str, int] = {}
+        for child in parent:
+            n = seen[child.tag] = seen.get(child.tag, 0) + 1
+            text = (child.text or "").strip() or None
+            sub = Node(_norm(child.tag), child.tag, text, f"{node.where}/{child.tag}[{n}]")
+            node.children.append(sub)
+            stack.append((child, sub, depth + 1))
+        if len(parent) and node.value is not None and not _unavailable(node.value):
+            node.value = None  # only a section's "N/A" placeholder text matters; other text is whitespace
+    return root
 
 
 def parse_nvsmi_xml(data: bytes | str, *, host: str) -> NvsmiResult:
@@ -500,6 +517,8 @@ def parse_nvsmi_text(data: str | bytes, *, host: str) -> NvsmiResult:
         match = _GPU_HEADER.match(node.raw)
         if match:
             gpus.append((node, match.group(1)))
+    if not root.children:  # blank lines and the "==== NVSMI LOG ====" banner only
+        raise NvsmiError("line 1: no 'key : value' lines; not nvidia-smi -q output")
     if not gpus and root.child("attached_gpus") is None:
         first = root.children[0]
         raise NvsmiError(f"{first.where}: {first.raw!r}: not nvidia-smi -q output (no 'GPU <bus id>' section)")

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 KWH_TO_J = 3.6e6
 ROOT = "/redfish/v1"
@@ -64,6 +65,7 @@ class RedfishClient:
         verify: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._origin = urlsplit(self.base_url)[:2]  # (scheme, host:port): where links may lead
         self.timeout = timeout
         self._headers = {"Accept": "application/json", "OData-Version": "4.0"}
         if username is not None:
@@ -76,13 +78,30 @@ class RedfishClient:
             self._ssl.verify_mode = ssl.CERT_NONE
 
     def url(self, path: str) -> str:
-        """Absolute URL for an ``@odata.id`` path (or an absolute URL, returned as is)."""
-        return urljoin(self.base_url + "/", path)
+        """Absolute URL for an ``@odata.id`` path (or an absolute URL, returned as is); a path that
+        cannot be joined (``http://[``) comes back as it is, for messages: `get` refuses it."""
+        try:
+            return urljoin(self.base_url + "/", path)
+        except ValueError:
+            return str(path)
 
     def get(self, path: str) -> dict[str, Any]:
-        """GET one resource and decode it; every failure is a RedfishError naming the URL."""
+        """GET one resource and decode it; every failure is a RedfishError naming the URL.
+
+        Links are followed only on the BMC itself: a resource naming another host or a ``file:`` URL
+        must not make the agent fetch it (urllib would read local files).
+        """
         url = self.url(path)
-        request = urllib.request.Request(url, headers=self._headers)
+        try:
+            origin = urlsplit(url)[:2]
+        except ValueError as exc:  # "http://[": an unterminated IPv6 host
+            raise RedfishError(url[:200], f"bad URL: {exc}") from exc
+        if origin != self._origin:
+            raise RedfishError(url[:200], "link leaves the BMC (another scheme or host); not followed")
+        try:
+            request = urllib.request.Request(url, headers=self._headers)
+        except ValueError as exc:
+            raise RedfishError(url[:200], f"bad URL: {exc}") from exc
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=self._ssl) as response:
                 body = response.read()
@@ -96,6 +115,8 @@ class RedfishClient:
             raise RedfishError(url, f"timed out after {self.timeout}s") from exc
         except OSError as exc:
             raise RedfishError(url, f"connection failed: {exc}") from exc
+        except ValueError as exc:  # http.client.InvalidURL: control characters or blanks in the link
+            raise RedfishError(url[:200], f"bad URL: {exc}") from exc
         return _decode(url, body)
 
     def follow(self, resource: dict[str, Any], key: str) -> dict[str, Any] | None:
@@ -109,6 +130,8 @@ def _decode(url: str, body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RedfishError(url, f"bad JSON: {exc}") from exc
+    except RecursionError as exc:  # the C scanner's own depth guard: safe to catch
+        raise RedfishError(url, "bad JSON: nested too deeply") from exc
     if not isinstance(data, dict):
         raise RedfishError(url, f"bad JSON: expected an object, got {type(data).__name__}")
     return data
@@ -128,6 +151,22 @@ class RedfishReading:
     power: list[dict] = field(default_factory=list)
     gpus: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """`value` if it is an object, else {}: a BMC that puts a list or a string where an object belongs
+    gets the field read as absent, not the walk stopped."""
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    """A non-blank string, stripped; anything else None."""
+    return value.strip() if isinstance(value, str) and value.strip() else None
 
 
 def _key(name: Any) -> str:
@@ -185,10 +224,13 @@ class _Walk:
         if value is None or isinstance(value, bool):
             return None
         try:
-            return float(value)
-        except (TypeError, ValueError):
-            self.problem(where, f"not a number: {value!r}")
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            number = math.nan
+        if not math.isfinite(number):  # "1e999", NaN or an integer past float range: not a reading
+            self.problem(where, f"not a number: {_shown(value)}")
             return None
+        return number
 
     def record(self, device: str) -> dict:
         return self.devices.setdefault(device, {"device": device, "fields": {}, "extra": {}})
@@ -233,15 +275,16 @@ def _name_node_records(walk: _Walk, records: list[dict]) -> None:
 
 def _is_power_equipment(chassis: dict[str, Any]) -> bool:
     """Power shelves and PDUs: by type, or by a link to their PowerDistribution resource."""
-    links = chassis.get("Links") if isinstance(chassis.get("Links"), dict) else {}
-    if chassis.get("ChassisType") == "PowerShelf" or link(links.get("PowerDistribution")):
+    links = _dict(chassis.get("Links"))
+    kind = chassis.get("ChassisType")
+    if kind == "PowerShelf" or link(links.get("PowerDistribution")):
         return True
     if links.get("ComputerSystems"):
         return False
     # "Shelf" is also a generic enclosure; a LiteOn power shelf has no computer systems. A Delta
     # shelf calls itself "RackMount": its Id/Name say PowerShelf and it has no systems either.
     name = f"{chassis.get('Id', '')} {chassis.get('Name', '')}".lower().replace("_", "").replace(" ", "")
-    return chassis.get("ChassisType") in SHELF_TYPES or "powershelf" in name
+    return (isinstance(kind, str) and kind in SHELF_TYPES) or "powershelf" in name
 
 
 # --- node chassis ------------------------------------------------------------------------------
@@ -299,11 +342,11 @@ def _thermal_subsystem(walk: _Walk, chassis: dict[str, Any], fields: dict, extra
     metrics = walk.follow(subsystem, "ThermalMetrics", "ThermalMetrics")
     if metrics is not None:
         where = walk.client.url(str(metrics.get("@odata.id", "ThermalMetrics")))
-        summary = metrics.get("TemperatureSummaryCelsius") or {}
+        summary = _dict(metrics.get("TemperatureSummaryCelsius"))
         _put(fields, "inlet_temp", walk.number(summary.get("Intake"), where))
         _put(fields, "outlet_temp", walk.number(summary.get("Exhaust"), where))
         readings = metrics.get("TemperatureReadingsCelsius") or []
-        for item in readings if isinstance(readings, list) else []:
+        for item in [r for r in readings if isinstance(r, dict)] if isinstance(readings, list) else []:
             context = item.get("PhysicalContext") or item.get("DeviceName")
             _temperature(walk, fields, extra, context, item.get("DeviceName"), item.get("Reading"), where)
     _coolant(walk, subsystem, fields)
@@ -336,7 +379,7 @@ def _leaks(walk: _Walk, subsystem: dict[str, Any], extra: dict) -> None:
     states = {"OK": 0, "Warning": 1, "Critical": 2}
     for detector in detectors:
         state = detector.get("DetectorState")
-        if state in states:
+        if isinstance(state, str) and state in states:
             extra[f"leak_{_key(detector.get('Id', 'detector'))}"] = states[state]
     if detectors:
         extra["leaks_detected"] = sum(1 for d in detectors if d.get("DetectorState") in ("Warning", "Critical"))
@@ -357,7 +400,7 @@ def _legacy_power(walk: _Walk, chassis: dict[str, Any], fields: dict, extra: dic
     where = walk.client.url(str(power.get("@odata.id", "Power")))
     for control in _list(walk, power, "PowerControl", where)[:1]:  # [0] is the whole system by convention
         _put(fields, "watts", walk.number(control.get("PowerConsumedWatts"), where))
-        metrics = control.get("PowerMetrics") or {}
+        metrics = _dict(control.get("PowerMetrics"))
         for src, dst in (("AverageConsumedWatts", "avg"), ("MinConsumedWatts", "min"), ("MaxConsumedWatts", "max")):
             _put(extra, f"power_{dst}_watts", walk.number(metrics.get(src), where))
         _put(extra, "power_interval_min", walk.number(metrics.get("IntervalInMin"), where))
@@ -396,7 +439,7 @@ def _power_chassis(walk: _Walk, chassis: dict[str, Any]) -> None:
 def _shelf_sensors(walk: _Walk, chassis: dict[str, Any], rec: dict) -> None:
     """Expanded sensors only (a GET per sensor would be dozens of requests per poll)."""
     sensors = walk.follow(chassis, "Sensors", "Sensors")
-    members = (sensors or {}).get("Members") or []
+    members = _dict(sensors).get("Members") or []
     where = walk.client.url(str((sensors or {}).get("@odata.id", "Sensors")))
     for sensor in members if isinstance(members, list) else []:
         if not isinstance(sensor, dict) or "Reading" not in sensor:
@@ -419,8 +462,9 @@ def _power_equipment(walk: _Walk, root: dict[str, Any]) -> None:
 
 
 def _equipment(walk: _Walk, item: dict[str, Any]) -> None:
-    chassis = (item.get("Links") or {}).get("Chassis") or []
-    cid = link(chassis[0]).rstrip("/").rsplit("/", 1)[-1] if chassis and link(chassis[0]) else None
+    chassis = _dict(item.get("Links")).get("Chassis")
+    first = link(chassis[0]) if isinstance(chassis, list) and chassis else None
+    cid = first.rstrip("/").rsplit("/", 1)[-1] if first else None
     device = f"{walk.host}/{cid or item.get('Id', 'equipment')}"
     rec = walk.record(device)
     _meter(walk, walk.follow(item, "Metrics", "PowerDistributionMetrics"), rec)
@@ -444,19 +488,21 @@ def _system_gpus(walk: _Walk, system: dict[str, Any]) -> None:
     for proc in walk.members(walk.follow(system, "Processors", "Processors"), "processor"):
         pid = proc.get("@odata.id")
         # GB300 BMCs list the same GPU under two systems; one record per processor resource.
-        if proc.get("ProcessorType") != "GPU" or pid in walk.seen:
+        if proc.get("ProcessorType") != "GPU" or (isinstance(pid, str) and pid in walk.seen):
             continue
-        walk.seen.add(pid)
+        if isinstance(pid, str):
+            walk.seen.add(pid)
         walk.reading.gpus.append(_gpu(walk, proc))
 
 
 def _gpu(walk: _Walk, proc: dict[str, Any]) -> dict:
-    uuid = proc.get("UUID")
-    record: dict[str, Any] = {"host": walk.host, "uuid": uuid or proc.get("Id"), "fields": {}, "extra": {}}
-    if proc.get("Model"):
-        record["model"] = proc["Model"]
-    if proc.get("SerialNumber"):
-        record["serial"] = proc["SerialNumber"]
+    uuid = _text(proc.get("UUID"))
+    record: dict[str, Any] = {"host": walk.host, "uuid": uuid or _text(proc.get("Id")) or str(proc.get("@odata.id")),
+                              "fields": {}, "extra": {}}
+    if _text(proc.get("Model")):
+        record["model"] = proc["Model"].strip()
+    if _text(proc.get("SerialNumber")):
+        record["serial"] = proc["SerialNumber"].strip()
     if not uuid:
         record["extra"]["redfish_key"] = "id"
     fields, extra = record["fields"], record["extra"]
@@ -478,11 +524,11 @@ def _gpu_metrics(walk: _Walk, metrics: dict[str, Any], fields: dict, extra: dict
     _put(fields, "sm_clock", walk.number(metrics.get("OperatingSpeedMHz"), where))
     _put(fields, "power_w", walk.number(metrics.get("ConsumedPowerWatt"), where))
     _put(fields, "gpu_temp", walk.number(metrics.get("TemperatureCelsius"), where))
-    pcie = metrics.get("PCIeErrors") or {}
+    pcie = _dict(metrics.get("PCIeErrors"))
     _put(fields, "pcie_replay", walk.number(pcie.get("ReplayCount"), where))
     for name, value in pcie.items():
         _put(extra, f"redfish_pcie_{_key(name)}", walk.number(value, where))
     # Cache (SRAM) ECC is not the DRAM ECC that DCGM's ecc_* fields count, so it stays in extra.
-    lifetime = (metrics.get("CacheMetricsTotal") or {}).get("LifeTime") or {}
+    lifetime = _dict(_dict(metrics.get("CacheMetricsTotal")).get("LifeTime"))
     for name, value in lifetime.items():
         _put(extra, f"redfish_cache_{_key(name)}_lifetime", walk.number(value, where))

@@ -15,10 +15,22 @@ from __future__ import annotations
 import math
 
 from telemetry.fields import KINDS
-from telemetry.ingest.schema import IDENTITY, NON_FINITE_STRINGS, Batch, BatchError, Frame, TimeParser
+from telemetry.ingest.schema import (
+    FLOAT32_MAX,
+    IDENTITY,
+    NON_FINITE_STRINGS,
+    Batch,
+    BatchError,
+    Frame,
+    TimeParser,
+    identity_problem,
+    storable_text_problem,
+    value_problem,
+)
 
 _NUMERIC = frozenset({int, float, type(None)})
 _INT64 = 2**63
+_F32 = FLOAT32_MAX
 
 
 def _length(cols: dict, where: str) -> int:
@@ -46,6 +58,10 @@ def _ident_columns(kind: str, cols: dict, n: int, where: str) -> dict[str, list]
         if typ is str and key in required and not all(map(str.strip, col)):
             bad = next(i for i, v in enumerate(col) if not v.strip())
             raise BatchError(f"{where}.{key}[{bad}]", "must not be empty")
+        for i, v in enumerate(col):
+            problem = None if v is None else identity_problem(key, v)
+            if problem:
+                raise BatchError(f"{where}.{key}[{i}]", problem)
         out[key] = col
     unknown = set(cols) - set(required) - set(optional) - {"time", "fields", "extra"}
     if unknown:
@@ -67,7 +83,7 @@ def _clean_strings(col: list, where: str, batch: Batch) -> list:
     return out
 
 
-def _numeric_column(col, is_int: bool, where: str, batch: Batch) -> list:
+def _numeric_column(col, sql_type: str, where: str, batch: Batch) -> list:
     if not isinstance(col, list):
         raise BatchError(where, f"must be an array, got {type(col).__name__}")
     types = set(map(type, col))
@@ -75,19 +91,25 @@ def _numeric_column(col, is_int: bool, where: str, batch: Batch) -> list:
         col, types = _clean_strings(col, where, batch), types - {str}
     if not types <= _NUMERIC:
         bad = next(i for i, v in enumerate(col) if type(v) not in _NUMERIC)
-        raise BatchError(f"{where}[{bad}]", f"must be a number, got {col[bad]!r}")
+        raise BatchError(f"{where}[{bad}]", f"must be a number, got {col[bad]!r}"[:200])
     present = [v for v in col if v is not None] if type(None) in types else col
     try:
-        finite = math.isfinite(sum(present))
+        # One C-level pass for the common case; the loop below only runs for a column with a problem.
+        fine = math.isfinite(sum(present)) and (sql_type != "real" or max(map(abs, present), default=0) <= _F32)
     except OverflowError:
-        finite = False
-    if not finite:
+        fine = False
+    if not fine:
         col = list(col)
         for i, v in enumerate(col):
-            if v is not None and not math.isfinite(v):
-                batch.reject(f"{where}[{i}]", f"non-finite value {v!r}")
+            if v is None or sql_type == "bigint" and type(v) is int:
+                continue  # integers are range-checked by _int_column, which names the 64-bit limit
+            problem = f"non-finite value {v!r}" if type(v) is float and not math.isfinite(v) else value_problem(
+                v, sql_type
+            )
+            if problem:
+                batch.reject(f"{where}[{i}]", problem)
                 col[i] = None
-    if is_int:
+    if sql_type == "bigint":
         col = _int_column(col, types, where)
     return col
 
@@ -111,10 +133,13 @@ def _value_columns(kind: str, raw, n: int, where: str, batch: Batch, *, registry
     out = {}
     for name, col in raw.items():
         if registry and name not in known:
-            raise BatchError(f"{where}.{name}", f"unknown {kind} field (put unmapped fields in 'extra')")
+            raise BatchError(f"{where}.{name[:80]}", f"unknown {kind} field (put unmapped fields in 'extra')")
+        if not registry and (not name or storable_text_problem(name, 128)):
+            raise BatchError(f"{where}.{name[:80]}", "extra field names are 1-128 characters of valid text")
         if isinstance(col, list) and len(col) != n:
             raise BatchError(f"{where}.{name}", f"has {len(col)} values for {n} rows")
-        out[name] = _numeric_column(col, registry and known[name].is_int, f"{where}.{name}", batch)
+        sql_type = known[name].sql_type if registry else "double precision"
+        out[name] = _numeric_column(col, sql_type, f"{where}.{name}", batch)
     return out
 
 

@@ -17,6 +17,8 @@ Rules:
 - Where two DCGM metrics feed one column (e.g. enforced vs management power limit), the one listed
   first in the field's ``sources`` wins and the other is kept in ``extra``.
 - The same series twice within one record (a repeated scrape) keeps the last value.
+- A sample timestamp outside the calendar (before year 1 or after 9999) raises `ExpositionError` for
+  its line: there is no time to store it at.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from telemetry.fields import (
     MIG_FIELDS,
     is_dcgm_blank,
 )
-from telemetry.ingest.prometheus import PromSample
+from telemetry.ingest.prometheus import ExpositionError, PromSample
 
 __all__ = ["DcgmRecords", "dcgm_records", "is_blank"]
 
@@ -110,7 +112,7 @@ def dcgm_records(samples: list[PromSample]) -> DcgmRecords:
             continue
         row = series.rows.get(stamp)
         if row is None:
-            row = series.rows[stamp] = _new_row(series, stamp, times, result)
+            row = series.rows[stamp] = _new_row(series, stamp, times, result, _line)
         # One comparison clears ordinary readings; only huge values (or inf) need the full test.
         if value >= _LOWEST_BLANK and is_blank(value):
             result.blanks += 1
@@ -170,20 +172,24 @@ def _header(labels: dict[str, str], host: str | None, uuid: str, gi_id: int | No
 
 
 def _as_int(raw: str | None) -> int | None:
-    if raw is None or not raw.isdecimal() or not raw.isascii():
+    # GPU and instance ids are small; a 5,000-digit label is no id (and int() refuses 4,300+ digits).
+    if raw is None or not raw.isdecimal() or not raw.isascii() or len(raw) > 9:
         return None
     return int(raw)
 
 
 def _new_row(
-    series: _Series, stamp: int | None, times: dict[int, datetime], result: DcgmRecords
+    series: _Series, stamp: int | None, times: dict[int, datetime], result: DcgmRecords, line: int
 ) -> _Row:
     when = None
     if stamp is not None:
         when = times.get(stamp)
         if when is None:
             # Integer milliseconds through timedelta: exact, unlike fromtimestamp(stamp / 1000).
-            when = times[stamp] = _EPOCH + timedelta(milliseconds=stamp)
+            try:
+                when = times[stamp] = _EPOCH + timedelta(milliseconds=stamp)
+            except OverflowError:
+                raise ExpositionError(line, f"timestamp {stamp} ms is outside the years 1 to 9999") from None
     fields: dict[str, Any] = {}
     extra: dict[str, float] = {}
     record = {**series.header, "time": when, "fields": fields, "extra": extra}

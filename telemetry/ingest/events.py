@@ -9,26 +9,32 @@ the bus id). Events are written in the same transaction as the batch's samples.
 
 from __future__ import annotations
 
-from telemetry.ingest.schema import Batch, BatchError, TimeParser
+from telemetry.ingest.schema import Batch, BatchError, TimeParser, storable_text_problem
 from telemetry.models.events import GpuEventKind
 
 KINDS = {k.value for k in GpuEventKind}
 KEYS = {"host", "gpu_uuid", "pci_bus_id", "kind", "code", "time", "message", "source", "count"}
+INT32_MAX = 2**31 - 1  # code and count are IntegerFields
 
 
 def _str(rec: dict, key: str, where: str, *, required: bool = False, limit: int = 200) -> str | None:
     value = rec.get(key)
     if value is None and not required:
         return None
-    if not isinstance(value, str) or not value.strip() or len(value) > limit:
-        raise BatchError(f"{where}.{key}", f"must be a non-empty string of at most {limit} characters, got {value!r}")
+    if not isinstance(value, str) or not value.strip():
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise BatchError(f"{where}.{key}", f"must be a non-empty string of at most {limit} characters, got {shown}")
+    problem = storable_text_problem(value, limit)  # too long, NUL or a lone surrogate: PostgreSQL would refuse it
+    if problem:
+        raise BatchError(f"{where}.{key}", problem)
     return value.strip()
 
 
 def _int(rec: dict, key: str, where: str, default: int, minimum: int) -> int:
     value = rec.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise BatchError(f"{where}.{key}", f"must be an integer ≥ {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT32_MAX:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise BatchError(f"{where}.{key}", f"must be an integer from {minimum} to {INT32_MAX}, got {shown}")
     return value
 
 
@@ -38,7 +44,7 @@ def add_event(batch: Batch, rec, where: str, times: TimeParser, default_time) ->
         raise BatchError(where, f"an event must be an object, got {type(rec).__name__}")
     unknown = set(rec) - KEYS
     if unknown:
-        raise BatchError(f"{where}.{sorted(unknown)[0]}", "unknown key for an event")
+        raise BatchError(f"{where}.{sorted(unknown)[0][:80]}", "unknown key for an event")
     event = {
         "host": _str(rec, "host", where, required=True), "gpu_uuid": _str(rec, "gpu_uuid", where),
         "pci_bus_id": _str(rec, "pci_bus_id", where), "message": _str(rec, "message", where, limit=2000) or "",
@@ -46,7 +52,7 @@ def add_event(batch: Batch, rec, where: str, times: TimeParser, default_time) ->
         "count": _int(rec, "count", where, 1, 1),
     }
     kind = rec.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise BatchError(f"{where}.kind", f"must be one of {', '.join(sorted(KINDS))}, got {kind!r}")
     if not event["gpu_uuid"] and not event["pci_bus_id"]:
         raise BatchError(where, "an event names its GPU by gpu_uuid or pci_bus_id")

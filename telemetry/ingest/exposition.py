@@ -14,10 +14,9 @@ def parse_dcgm_exposition(body: bytes | str, times: TimeParser, host: str | None
     `host` names the machine when the exporter emits no Hostname label.
     """
     try:
-        samples = parse_exposition(body)
+        recs = dcgm_records(parse_exposition(body))
     except ExpositionError as exc:
         raise BatchError(f"line {exc.line}", exc.message) from exc
-    recs = dcgm_records(samples)
     batch = Batch()
     for i, gpu in enumerate(recs.gpus):
         rec = _ident(gpu, host, ("uuid", "index", "model", "pci_bus_id", "driver"), f"gpu {gpu.get('uuid')}")

@@ -22,6 +22,8 @@ import orjson
 
 from telemetry.fields import KINDS
 
+# The largest finite float4: a "real" field beyond it would overflow when COPYed (psycopg raises).
+FLOAT32_MAX = 3.4028234663852886e38
 NON_FINITE_STRINGS = {"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
 MAX_REJECTION_DETAILS = 20
 
@@ -35,6 +37,14 @@ IDENTITY = {
     "power": ({"device": str}, {"host": str, "device_kind": str}),
 }
 COLLECTION_KEYS = {"gpus": "gpu", "migs": "mig", "ports": "port", "power": "power"}
+# Longest text per identity key: the inventory columns they are stored in (telemetry/models/inventory.py)
+# or looked up against. A longer value would fail in PostgreSQL, after validation, as a 5xx.
+IDENTITY_LENGTHS = {
+    "host": 253, "uuid": 64, "gpu_uuid": 64, "model": 128, "pci_bus_id": 32, "serial": 64, "driver": 32,
+    "profile": 32, "port": 64, "switch": 128, "guid": 32, "link_layer": 16, "device": 128, "device_kind": 16,
+}
+# Integer identity keys are PositiveSmallIntegerFields.
+IDENTITY_INT_RANGE = (0, 32767)
 RECORD_COMMON = {"time", "fields", "extra", "kind"}
 
 
@@ -138,11 +148,13 @@ class TimeParser:
         self._cache: dict = {}
 
     def parse(self, raw, where: str) -> datetime:
-        cached = self._cache.get(raw)
+        # Only str/int/float are cached: a list is unhashable, and True == 1 must not hit 1's entry.
+        cacheable = type(raw) in (str, int, float)
+        cached = self._cache.get(raw) if cacheable else None
         if cached is not None:
             return cached
         value = self._parse(raw, where)
-        if isinstance(raw, (str, int, float)):
+        if cacheable:
             self._cache[raw] = value
         return value
 
@@ -150,20 +162,23 @@ class TimeParser:
         if isinstance(raw, bool) or raw is None:
             raise BatchError(where, f"time must be an RFC 3339 string or epoch seconds, got {raw!r}")
         if isinstance(raw, (int, float)):
-            if not math.isfinite(raw):
+            if isinstance(raw, float) and not math.isfinite(raw):
                 raise BatchError(where, f"time {raw!r} is not a finite number")
             try:
                 return datetime.fromtimestamp(raw, UTC)
             except (OverflowError, OSError, ValueError) as exc:
-                raise BatchError(where, f"time {raw!r} is out of range") from exc
+                raise BatchError(where, f"time {_short(raw)} is out of range") from exc
         if isinstance(raw, str):
             try:
                 parsed = datetime.fromisoformat(raw)
             except ValueError as exc:
-                raise BatchError(where, f"time {raw!r} is not RFC 3339") from exc
+                raise BatchError(where, f"time {_short(raw)} is not RFC 3339") from exc
             if parsed.tzinfo is None:
-                raise BatchError(where, f"time {raw!r} has no timezone; send UTC ('Z')")
-            return parsed.astimezone(UTC)
+                raise BatchError(where, f"time {_short(raw)} has no timezone; send UTC ('Z')")
+            try:
+                return parsed.astimezone(UTC)
+            except OverflowError as exc:  # 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+                raise BatchError(where, f"time {_short(raw)} is out of range") from exc
         raise BatchError(where, f"time must be an RFC 3339 string or epoch seconds, got {type(raw).__name__}")
 
     def problem(self, t: datetime) -> str | None:
@@ -177,24 +192,69 @@ class TimeParser:
         return None
 
 
+def _short(value, limit: int = 80) -> str:
+    """repr() for an error message, cut short: a 5,000-character value must not become the message."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**60:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _path_key(key) -> str:
+    """A JSON key as a path segment, cut short (a 5,000-character key must not become the path)."""
+    text = str(key)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def storable_text_problem(value: str, limit: int) -> str | None:
+    """Why PostgreSQL would refuse `value` in a varchar(limit) column, or None."""
+    if len(value) > limit:
+        return f"longer than {limit} characters: {_short(value)}"
+    if "\x00" in value:
+        return f"contains a NUL character: {_short(value)}"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"is not valid Unicode (a lone surrogate): {_short(value)}"
+    return None
+
+
+def identity_problem(key: str, value: str | int) -> str | None:
+    """Why the inventory tables cannot store this identity value (too long, NUL, out of range), or None."""
+    if isinstance(value, str):
+        return storable_text_problem(value, IDENTITY_LENGTHS.get(key, 253))
+    if not IDENTITY_INT_RANGE[0] <= value <= IDENTITY_INT_RANGE[1]:
+        return f"must be from {IDENTITY_INT_RANGE[0]} to {IDENTITY_INT_RANGE[1]}, got {_short(value)}"
+    return None
+
+
+def _check_identity_value(key: str, value: str | int, where: str) -> None:
+    problem = identity_problem(key, value)
+    if problem:
+        raise BatchError(f"{where}.{key}", problem)
+
+
 def _check_identity(kind: str, rec: dict, where: str) -> dict:
     required, optional = IDENTITY[kind]
     ident = {}
     for key, typ in required.items():
         value = rec.get(key)
         if not isinstance(value, typ) or isinstance(value, bool) or (typ is str and not value.strip()):
-            raise BatchError(f"{where}.{key}", f"required {typ.__name__}, got {value!r}")
+            raise BatchError(f"{where}.{key}", f"required {typ.__name__}, got {_short(value)}")
         ident[key] = value.strip() if typ is str else value
+        _check_identity_value(key, ident[key], where)
     for key, typ in optional.items():
         value = rec.get(key)
         if value is None:
             continue
         if not isinstance(value, typ) or isinstance(value, bool):
-            raise BatchError(f"{where}.{key}", f"must be {typ.__name__}, got {value!r}")
+            raise BatchError(f"{where}.{key}", f"must be {typ.__name__}, got {_short(value)}")
+        _check_identity_value(key, value, where)
         ident[key] = value
     unknown = set(rec) - set(required) - set(optional) - RECORD_COMMON
     if unknown:
-        raise BatchError(f"{where}.{sorted(unknown)[0]}", f"unknown key for a {kind} record")
+        raise BatchError(f"{where}.{_path_key(sorted(unknown)[0])}", f"unknown key for a {kind} record")
     if kind == "port" and ("host" in ident) == ("switch" in ident):
         raise BatchError(where, "a port record names exactly one of 'host' or 'switch'")
     return ident
@@ -202,6 +262,21 @@ def _check_identity(kind: str, rec: dict, where: str) -> dict:
 
 _NUMBER_TYPES = frozenset({int, float})
 _INT_FIELDS = {k: frozenset(f.name for f in kind.fields if f.is_int) for k, kind in KINDS.items()}
+
+
+def value_problem(value: int | float, sql_type: str) -> str | None:
+    """Why a finite number cannot be stored in a column of `sql_type` (None: it can)."""
+    if sql_type == "bigint":
+        return None  # rounded and range-checked by the caller, which names the 64-bit limit
+    try:
+        magnitude = abs(float(value))
+    except OverflowError:
+        return f"{_short(value)} is out of range for a 64-bit float"
+    if sql_type == "real" and magnitude > FLOAT32_MAX:
+        return f"{_short(value)} is out of range for a 32-bit float field"
+    return None
+
+
 _KNOWN = {k: frozenset(kind.by_name) for k, kind in KINDS.items()}
 
 
@@ -214,7 +289,7 @@ def _fast_values(kind: str, raw: dict) -> dict | None:
     if not set(map(type, vals)) <= _NUMBER_TYPES:
         return None
     try:
-        if not math.isfinite(sum(vals)):
+        if not math.isfinite(sum(vals)) or max(map(abs, vals), default=0) > FLOAT32_MAX:
             return None
     except OverflowError:
         return None
@@ -242,17 +317,17 @@ def _values(kind: str, raw, where: str, batch: Batch, *, registry: bool) -> dict
     out = {}
     for name, value in raw.items():
         if known is not None and name not in known:
-            raise BatchError(f"{where}.{name}", f"unknown {kind} field (put unmapped fields in 'extra')")
-        if not registry and (not isinstance(name, str) or not name or len(name) > 128):
-            raise BatchError(f"{where}.{name}", "extra field names are 1-128 characters")
+            raise BatchError(f"{where}.{_path_key(name)}", f"unknown {kind} field (put unmapped fields in 'extra')")
+        if not registry and (not name or storable_text_problem(name, 128)):
+            raise BatchError(f"{where}.{_path_key(name)}", "extra field names are 1-128 characters of valid text")
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise BatchError(f"{where}.{name}", f"must be a number, got {value!r}")
+            raise BatchError(f"{where}.{name}", f"must be a number, got {_short(value)}")
         if isinstance(value, str):
             if value.strip().lower() not in NON_FINITE_STRINGS:
-                raise BatchError(f"{where}.{name}", f"must be a number, got {value!r}")
-            batch.reject(f"{where}.{name}", f"non-finite value {value!r}")
+                raise BatchError(f"{where}.{name}", f"must be a number, got {_short(value)}")
+            batch.reject(f"{where}.{name}", f"non-finite value {_short(value)}")
             continue
         if isinstance(value, float) and not math.isfinite(value):
             batch.reject(f"{where}.{name}", f"non-finite value {value!r}")
@@ -260,7 +335,12 @@ def _values(kind: str, raw, where: str, batch: Batch, *, registry: bool) -> dict
         if known is not None and known[name].is_int:
             value = int(value) if isinstance(value, int) else int(round(value))
             if not -(2**63) <= value < 2**63:
-                raise BatchError(f"{where}.{name}", f"{value} does not fit a 64-bit counter")
+                raise BatchError(f"{where}.{name}", f"{_short(value)} does not fit a 64-bit counter")
+        # Like NaN: a reading the column cannot hold is dropped and counted, the rest is kept.
+        problem = value_problem(value, known[name].sql_type if known is not None else "double precision")
+        if problem:
+            batch.reject(f"{where}.{name}", problem)
+            continue
         out[name] = value
     return out
 
@@ -289,13 +369,20 @@ def _loads(body: bytes, where: str):
         pass
     # orjson refuses NaN/Infinity tokens, which Python's json emits by default; the standard
     # parser accepts them, so such values reach the per-sample check instead of failing the batch.
+    prefix = f"{where}, " if where else ""
     try:
         return json.loads(body)
     except UnicodeDecodeError as exc:
-        raise BatchError(where, f"body is not UTF-8 (byte {exc.start})") from exc
+        line = body.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (body.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise BatchError(f"{prefix}line {line} column {column}",
+                         f"body is not UTF-8 (byte 0x{body[exc.start]:02x} at offset {exc.start})") from exc
     except json.JSONDecodeError as exc:
-        prefix = f"{where}, " if where else ""
         raise BatchError(f"{prefix}line {exc.lineno} column {exc.colno}", exc.msg) from exc
+    except ValueError as exc:  # an integer of more than 4,300 digits (Python's int/str conversion limit)
+        raise BatchError(where or "$", f"number too long: {exc}") from exc
+    except RecursionError as exc:  # the C scanner's own depth guard, not a stack overflow: safe to catch
+        raise BatchError(where or "$", "JSON nested deeper than 1,024 levels") from exc
 
 
 def parse_json(body: bytes, times: TimeParser) -> Batch:
@@ -306,7 +393,8 @@ def parse_json(body: bytes, times: TimeParser) -> Batch:
     unknown = set(doc) - set(COLLECTION_KEYS) - {"time", "collector", "events", "agent"}
     if unknown:
         raise BatchError(
-            f"$.{sorted(unknown)[0]}", f"unknown key (expected one of time, {', '.join(COLLECTION_KEYS)}, events)"
+            f"$.{_path_key(sorted(unknown)[0])}",
+            f"unknown key (expected one of time, {', '.join(COLLECTION_KEYS)}, events, agent)",
         )
     default_time = doc.get("time")
     if default_time is not None:
@@ -336,7 +424,18 @@ def _agent(raw) -> dict | None:
         return None
     if not isinstance(raw, dict) or not isinstance(raw.get("host"), str) or not raw["host"].strip():
         raise BatchError("$.agent", "must be an object with a non-empty 'host'")
-    if len(json.dumps(raw)) > 16_384:
+    problem = storable_text_problem(raw["host"], IDENTITY_LENGTHS["host"])
+    if problem:
+        raise BatchError("$.agent.host", problem)
+    try:
+        # Stored as jsonb: no NaN/Infinity, no lone surrogates, no NUL (PostgreSQL refuses all three).
+        text = json.dumps(raw, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise BatchError("$.agent", f"not storable as JSON: {exc}"[:200]) from exc
+    if "\x00" in text or "\\u0000" in text:
+        raise BatchError("$.agent", "contains a NUL character")
+    if len(text) > 16_384:
         raise BatchError("$.agent", "the agent report is larger than 16 KiB")
     return raw
 
@@ -365,7 +464,7 @@ def parse_ndjson(body: bytes, times: TimeParser) -> Batch:
         if kind == "event":  # {"kind": "event", "event": {...}}: a fault event has a kind of its own
             _add_events(batch, [rec.get("event")], times, None, where=f"line {lineno}.event")
             continue
-        if kind not in KINDS:
-            raise BatchError(f"line {lineno}.kind", f"must be one of {', '.join(KINDS)} or event, got {kind!r}")
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise BatchError(f"line {lineno}.kind", f"must be one of {', '.join(KINDS)} or event, got {_short(kind)}")
         add_record(batch, kind, rec, f"line {lineno}", times, None)
     return batch

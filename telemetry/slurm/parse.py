@@ -7,6 +7,7 @@ SlurmParseError (naming the key or line) on input it cannot trust, rather than r
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -21,6 +22,56 @@ __all__ = [
 
 class SlurmParseError(ValueError):
     """Input that is empty, malformed or not the shape the parser expects; the message says where."""
+
+
+MAX_HOSTS = 100_000  # hosts one host list may expand to: "gpu[1-99999999999]" is damage, not a cluster
+_INT64 = 2**63
+_DIGITS = re.compile(r"\d{1,18}", re.ASCII)  # a count or an index: ASCII digits, within int64
+
+
+def _shown(value: Any) -> str:
+    """repr() for an error message, cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    """An object member; absent (None) is {}, any other type is an error naming the place."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SlurmParseError(f"{where}: expected an object, got {_shown(value)}")
+    return value
+
+
+def _seq(value: Any, where: str) -> list[Any]:
+    """A list member; absent (None) is []."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SlurmParseError(f"{where}: expected a list, got {_shown(value)}")
+    return value
+
+
+def _text(value: Any, where: str, default: str = "") -> str:
+    """A string member; absent (None) is `default`."""
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise SlurmParseError(f"{where}: expected a string, got {_shown(value)}")
+    return value
+
+
+def load_json(text: str, source: str) -> Any:
+    """json.loads with every failure as SlurmParseError (syntax, nesting, a number of 4,300+ digits)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmParseError(f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    except ValueError as exc:
+        raise SlurmParseError(f"{source}: invalid JSON: {exc}") from exc
+    except RecursionError as exc:  # the C scanner's own depth guard: safe to catch
+        raise SlurmParseError(f"{source}: invalid JSON: nested too deeply") from exc
 
 
 @dataclass(frozen=True)
@@ -95,7 +146,7 @@ _EMPTY_TIMES = {"", "unknown", "none", "n/a", "(null)", "0"}
 
 def normalize_state(value: str | list[str]) -> tuple[str, list[str]]:
     """Return (base state, extra flags) from "R", "CANCELLED by 0", "RUNNING" or ["PENDING", "REQUEUED"]."""
-    items = [value] if isinstance(value, str) else list(value)
+    items = [value] if isinstance(value, str) else list(value) if isinstance(value, list) else []
     if not items or not isinstance(items[0], str) or not items[0].strip():
         raise SlurmParseError(f"empty job state {value!r}")
     head = items[0].split()[0].upper().rstrip("+")  # sacct prints "CANCELLED by 0"; sinfo-style "+" suffixes
@@ -107,15 +158,19 @@ def normalize_state(value: str | list[str]) -> tuple[str, list[str]]:
 
 def parse_slurm_time(text: str | None, tz: tzinfo = UTC) -> datetime | None:
     """Slurm's ``YYYY-MM-DDTHH:MM:SS`` (printed in the cluster's local zone ``tz``) to aware UTC; Unknown -> None."""
-    if text is None or text.strip().lower() in _EMPTY_TIMES:
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise SlurmParseError(f"bad Slurm time {_shown(text)}: not a string")
+    if text.strip().lower() in _EMPTY_TIMES:
         return None
     try:
         return datetime.fromisoformat(text.strip()).replace(tzinfo=tz).astimezone(UTC)
-    except ValueError as exc:
-        raise SlurmParseError(f"bad Slurm time {text!r}") from exc
+    except (ValueError, OverflowError) as exc:  # OverflowError: year 1 or 9999 moved past the calendar's ends
+        raise SlurmParseError(f"bad Slurm time {_shown(text)}") from exc
 
 
-_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.(\d+))?$")
+_DURATION = re.compile(r"^(?:(\d{1,6})-)?(?:(\d{1,9}):)?(\d{1,9}):(\d{1,9})(?:\.(\d{1,9}))?$", re.ASCII)
 
 
 def parse_duration(text: str) -> timedelta | None:
@@ -127,8 +182,11 @@ def parse_duration(text: str) -> timedelta | None:
     if not m:
         raise SlurmParseError(f"bad Slurm duration {text!r}")
     days, hours, minutes, seconds, frac = m.groups()
-    return timedelta(days=int(days or 0), hours=int(hours or 0), minutes=int(minutes), seconds=int(seconds),
-                     microseconds=int((frac or "0").ljust(6, "0")[:6]))
+    try:
+        return timedelta(days=int(days or 0), hours=int(hours or 0), minutes=int(minutes), seconds=int(seconds),
+                         microseconds=int((frac or "0").ljust(6, "0")[:6]))
+    except OverflowError as exc:
+        raise SlurmParseError(f"bad Slurm duration {text!r}: out of range") from exc
 
 
 def _epoch(value: Any, key: str) -> datetime | None:
@@ -136,7 +194,10 @@ def _epoch(value: Any, key: str) -> datetime | None:
     n = _number(value, key)
     if n is None or n <= 0:
         return None
-    return datetime.fromtimestamp(n, UTC)
+    try:
+        return datetime.fromtimestamp(n, UTC)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise SlurmParseError(f"{key}: {n} is not a time (seconds since 1970)") from exc
 
 
 def _unwrap_number(value: Any, key: str) -> int | float | None:
@@ -156,7 +217,13 @@ def _unwrap_number(value: Any, key: str) -> int | float | None:
 
 def _number(value: Any, key: str) -> int | None:
     number = _unwrap_number(value, key)
-    return None if number is None else int(number)
+    if number is None:
+        return None
+    if isinstance(number, float) and not math.isfinite(number):
+        raise SlurmParseError(f"{key}: expected a number, got {number!r}")
+    if not -_INT64 <= number < _INT64:
+        raise SlurmParseError(f"{key}: {_shown(number)} does not fit a 64-bit integer")
+    return int(number)
 
 
 # --------------------------------------------------------------------------- host lists
@@ -186,10 +253,13 @@ def _expand_ranges(spec: str, ctx: str) -> list[str]:
     out: list[str] = []
     for part in spec.split(","):
         lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise SlurmParseError(f"bad range {part!r} in {ctx!r}")
+        # ASCII digits only: isdigit() would admit "²", which int() refuses.
+        if not _DIGITS.fullmatch(lo) or (hi and not _DIGITS.fullmatch(hi)):
+            raise SlurmParseError(f"bad range {_shown(part)} in {_shown(ctx)}")
         if hi and int(hi) < int(lo):
-            raise SlurmParseError(f"descending range {part!r} in {ctx!r}")
+            raise SlurmParseError(f"descending range {_shown(part)} in {_shown(ctx)}")
+        if int(hi or lo) - int(lo) + 1 + len(out) > MAX_HOSTS:
+            raise SlurmParseError(f"range {_shown(part)} in {_shown(ctx)} expands past {MAX_HOSTS:,} entries")
         width = len(lo)
         out.extend(str(i).zfill(width) for i in range(int(lo), int(hi or lo) + 1))
     return out
@@ -197,7 +267,11 @@ def _expand_ranges(spec: str, ctx: str) -> list[str]:
 
 def expand_hostlist(text: str) -> list[str]:
     """``gpu[001-004,010],login1`` -> every host name, in order; "", "(null)" and "None assigned" -> []."""
-    if text is None or text.strip() in {"", "(null)", "None assigned", "N/A"}:
+    if text is None:
+        return []
+    if not isinstance(text, str):
+        raise SlurmParseError(f"host list {_shown(text)}: not a string")
+    if text.strip() in {"", "(null)", "None assigned", "N/A"}:
         return []
     hosts: list[str] = []
     for item in _split_top(text.strip()):
@@ -208,6 +282,8 @@ def expand_hostlist(text: str) -> list[str]:
         head, tail = item[: m.start()], item[m.end():]
         for value in _expand_ranges(m.group(1), text):
             hosts.extend(expand_hostlist(head + value + tail))  # recursion handles a[1-2]b[3-4]
+            if len(hosts) > MAX_HOSTS:
+                raise SlurmParseError(f"host list {_shown(text)} expands past {MAX_HOSTS:,} hosts")
     return hosts
 
 
@@ -218,7 +294,8 @@ def _expand_indexes(spec: str, ctx: str) -> list[int]:
 
 
 # --------------------------------------------------------------------------- GRES and TRES
-_GRES_TAIL = re.compile(r"^(?P<main>.*?)(?P<extra>(?:\([^()]*\))*)$")
+# DOTALL and \Z: "matches any string" must hold for a value with a newline in it too (JSON can carry one).
+_GRES_TAIL = re.compile(r"^(?P<main>.*?)(?P<extra>(?:\([^()]*\))*)\Z", re.DOTALL)
 _GRES_NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
 
 
@@ -239,9 +316,10 @@ def _gres_item(item: str) -> GresItem:
     main = m.group("main").removeprefix("gres/")
     main, _, eq_count = main.partition("=")  # TRES form: gres/gpu:h100=4
     parts = main.split(":")
-    count_txt = eq_count or (parts.pop() if len(parts) > 1 and parts[-1].isdigit() else "")
-    if not parts or not _GRES_NAME.match(parts[0]) or len(parts) > 2 or (count_txt and not count_txt.isdigit()):
-        raise SlurmParseError(f"bad GRES element {item!r}")
+    count_txt = eq_count or (parts.pop() if len(parts) > 1 and _DIGITS.fullmatch(parts[-1]) else "")
+    bad_count = bool(count_txt) and not _DIGITS.fullmatch(count_txt)
+    if not parts or not _GRES_NAME.match(parts[0]) or len(parts) > 2 or bad_count:
+        raise SlurmParseError(f"bad GRES element {_shown(item)}")
     gtype = parts[1] if len(parts) == 2 and parts[1] not in {"", "(null)"} else None
     indexes, sockets = _gres_extras(m.group("extra"), item)
     # Slurm's default count is 1 ("gpu:h100"); "gpu(IDX:0-1)" (GRES_IDX=) counts its indexes.
@@ -254,8 +332,8 @@ def parse_gres(text: str) -> list[GresItem]:
 
     "(null)" and "" mean "no GRES" and give [].
     """
-    if text is None:
-        raise SlurmParseError("GRES string is None")
+    if not isinstance(text, str):
+        raise SlurmParseError(f"GRES string {_shown(text)}: not a string")
     t = text.strip()
     if t in {"", "(null)", "N/A"}:
         return []
@@ -270,6 +348,8 @@ def gpu_count(items: list[GresItem]) -> int:
 def parse_tres(text: str) -> dict[str, int]:
     """``cpu=2,mem=4000M,node=1,gres/gpu=4`` -> {name: value}; memory is kept in MiB."""
     out: dict[str, int] = {}
+    if text is not None and not isinstance(text, str):
+        raise SlurmParseError(f"TRES string {_shown(text)}: not a string")
     for item in _split_top(text or ""):
         name, sep, value = item.partition("=")
         if not sep:
@@ -282,7 +362,7 @@ _UNITS = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2, "P": 1024**3}
 
 
 def _tres_value(value: str, item: str) -> int:
-    m = re.match(r"^(\d+(?:\.\d+)?)([KMGTP]?)$", value)
+    m = re.match(r"^(\d{1,15}(?:\.\d{1,15})?)([KMGTP]?)$", value, re.ASCII)
     if not m:
         raise SlurmParseError(f"bad TRES value in {item!r}")
     return round(float(m.group(1)) * _UNITS.get(m.group(2), 1))
@@ -299,13 +379,13 @@ def _tres_gpus(tres: dict[str, int]) -> int:
 def _load_jobs(text: str, source: str) -> list[dict[str, Any]]:
     if not text or not text.strip():
         raise SlurmParseError(f"{source}: empty input")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmParseError(f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    doc = load_json(text, source)
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise SlurmParseError(f"{source}: no 'jobs' list in the document")
-    errors = [e for e in doc.get("errors") or [] if not _nothing_found(e)]
+    for i, job in enumerate(doc["jobs"]):
+        if not isinstance(job, dict):
+            raise SlurmParseError(f"{source}: jobs[{i}]: expected an object, got {_shown(job)}")
+    errors = [e for e in _seq(doc.get("errors"), f"{source}: errors") if not _nothing_found(e)]
     if errors and not doc["jobs"]:  # errors beside jobs (e.g. one federation sibling down) still carry data
         raise SlurmParseError(f"{source}: Slurm reported errors and no jobs: {errors!r}")
     return doc["jobs"]
@@ -336,10 +416,18 @@ def _ctld_job_id(job: dict[str, Any], idx: int) -> tuple[str, int]:
     if array_id and task is not None:
         return f"{array_id}_{task}", raw
     if array_id and job.get("array_task_string"):
-        return f"{array_id}_[{job['array_task_string']}]", raw  # the pending rest of an array
+        tasks = _text(job["array_task_string"], f"jobs[{idx}].array_task_string")
+        return f"{array_id}_[{tasks}]", raw  # the pending rest of an array
     if het:
         return f"{het}+{_number(job.get('het_job_offset'), f'jobs[{idx}].het_job_offset') or 0}", raw
     return str(raw), raw
+
+
+def _hosts(value: Any, where: str) -> list[str]:
+    try:
+        return expand_hostlist(value)
+    except SlurmParseError as exc:
+        raise SlurmParseError(f"{where}: {exc}") from exc
 
 
 def _tres_field(job: dict[str, Any], key: str, idx: int) -> int:
@@ -353,18 +441,22 @@ def _ctld_job(job: dict[str, Any], idx: int) -> Job:
     """One job of squeue --json / slurmrestd /jobs (openapi v0.0.37 to v0.0.41)."""
     job_id, raw = _ctld_job_id(job, idx)
     state, flags = normalize_state(_req(job, "job_state", idx))
-    nodes = expand_hostlist(job.get("nodes") or "")
+    nodes = _hosts(job.get("nodes"), f"jobs[{idx}].nodes")
     preempt = _number(job.get("preempt_time"), f"jobs[{idx}].preempt_time") or 0
+    requeue = job.get("requeue")
+    if requeue is not None and not isinstance(requeue, bool):
+        raise SlurmParseError(f"jobs[{idx}].requeue: expected true or false, got {_shown(requeue)}")
+    text = {k: _text(job.get(k), f"jobs[{idx}].{k}") for k in ("name", "user_name", "account", "partition", "qos")}
     return Job(
-        job_id=job_id, raw_job_id=raw, name=job.get("name", ""), user=job.get("user_name", ""),
-        account=job.get("account", ""), partition=job.get("partition", ""), qos=job.get("qos", ""),
+        job_id=job_id, raw_job_id=raw, name=text["name"], user=text["user_name"],
+        account=text["account"], partition=text["partition"], qos=text["qos"],
         priority=_number(job.get("priority"), f"jobs[{idx}].priority"), state=state,
         submit=_epoch(job.get("submit_time"), f"jobs[{idx}].submit_time"),
         start=_epoch(job.get("start_time"), f"jobs[{idx}].start_time") if state != "PENDING" else None,
         end=_epoch(job.get("end_time"), f"jobs[{idx}].end_time") if state not in {"PENDING", "RUNNING"} else None,
         nodes=nodes, node_count=_number(job.get("node_count"), f"jobs[{idx}].node_count") or len(nodes),
         gpu_count=_tres_field(job, "tres_alloc_str", idx), gpus_requested=_tres_field(job, "tres_req_str", idx),
-        requeue=job.get("requeue"), restart_count=job.get("restart_cnt"),
+        requeue=requeue, restart_count=_number(job.get("restart_cnt"), f"jobs[{idx}].restart_cnt"),
         preempted=state == "PREEMPTED" or preempt > 0, state_flags=flags,
     )
 
@@ -379,11 +471,13 @@ def parse_squeue_json(text: str) -> list[Job]:
     return [_ctld_job(j, i) for i, j in enumerate(_load_jobs(text, "squeue --json"))]
 
 
-def _sacct_tres_gpus(entries: list[dict[str, Any]] | None) -> int:
+def _sacct_tres_gpus(entries: Any, where: str) -> int:
     tres = {}
-    for e in entries or []:
-        key = e.get("type", "") + (f"/{e['name']}" if e.get("name") else "")
-        tres[key] = int(e.get("count") or 0)
+    for i, raw in enumerate(_seq(entries, where)):
+        e = _obj(raw, f"{where}[{i}]")
+        name = _text(e.get("name"), f"{where}[{i}].name")
+        key = _text(e.get("type"), f"{where}[{i}].type") + (f"/{name}" if name else "")
+        tres[key] = _number(e.get("count"), f"{where}[{i}].count") or 0
     return _tres_gpus(tres)
 
 
@@ -391,13 +485,13 @@ def _sacct_job_id(job: dict[str, Any], idx: int) -> tuple[str, int]:
     raw = _number(_req(job, "job_id", idx), f"jobs[{idx}].job_id")
     if raw is None:
         raise SlurmParseError(f"jobs[{idx}].job_id is not set")
-    array, het = job.get("array") or {}, job.get("het") or {}
+    array, het = _obj(job.get("array"), f"jobs[{idx}].array"), _obj(job.get("het"), f"jobs[{idx}].het")
     array_id = _number(array.get("job_id"), f"jobs[{idx}].array.job_id") or 0
     task = _number(array.get("task_id"), f"jobs[{idx}].array.task_id")
     if array_id and task is not None:
         return f"{array_id}_{task}", raw
     if array_id and array.get("task"):
-        return f"{array_id}_[{array['task']}]", raw
+        return f"{array_id}_[{_text(array['task'], f'jobs[{idx}].array.task')}]", raw
     het_id = _number(het.get("job_id"), f"jobs[{idx}].het.job_id") or 0
     if het_id:
         return f"{het_id}+{_number(het.get('job_offset'), f'jobs[{idx}].het.job_offset') or 0}", raw
@@ -408,20 +502,24 @@ def _sacct_job(job: dict[str, Any], idx: int) -> Job:
     job_id, raw = _sacct_job_id(job, idx)
     state_obj = _req(job, "state", idx)
     state, flags = normalize_state(state_obj.get("current") if isinstance(state_obj, dict) else state_obj)
-    times = _req(job, "time", idx)
-    nodes = expand_hostlist(job.get("nodes") or "")
-    tres = job.get("tres") or {}
+    times = _obj(_req(job, "time", idx), f"jobs[{idx}].time")
+    nodes = _hosts(job.get("nodes"), f"jobs[{idx}].nodes")
+    tres = _obj(job.get("tres"), f"jobs[{idx}].tres")
     user = job.get("user")
+    if not isinstance(user, str):
+        user = _text(_obj(job.get("association"), f"jobs[{idx}].association").get("user"),
+                     f"jobs[{idx}].association.user")
+    text = {k: _text(job.get(k), f"jobs[{idx}].{k}") for k in ("name", "account", "partition", "qos")}
     return Job(
-        job_id=job_id, raw_job_id=raw, name=job.get("name", ""),
-        user=user if isinstance(user, str) else (job.get("association") or {}).get("user", ""),
-        account=job.get("account", ""), partition=job.get("partition", ""), qos=job.get("qos", ""),
+        job_id=job_id, raw_job_id=raw, name=text["name"], user=user,
+        account=text["account"], partition=text["partition"], qos=text["qos"],
         priority=_number(job.get("priority"), f"jobs[{idx}].priority"), state=state,
         submit=_epoch(times.get("submission"), f"jobs[{idx}].time.submission"),
         start=_epoch(times.get("start"), f"jobs[{idx}].time.start"),
         end=_epoch(times.get("end"), f"jobs[{idx}].time.end"),
         nodes=nodes, node_count=_number(job.get("allocation_nodes"), f"jobs[{idx}].allocation_nodes") or len(nodes),
-        gpu_count=_sacct_tres_gpus(tres.get("allocated")), gpus_requested=_sacct_tres_gpus(tres.get("requested")),
+        gpu_count=_sacct_tres_gpus(tres.get("allocated"), f"jobs[{idx}].tres.allocated"),
+        gpus_requested=_sacct_tres_gpus(tres.get("requested"), f"jobs[{idx}].tres.requested"),
         requeue=None, restart_count=None, preempted=state == "PREEMPTED", state_flags=flags,
     )
 
@@ -497,7 +595,7 @@ _GRES_FIELD = re.compile(r"^(?:\(null\)|(?:gres/)?[A-Za-z_][\w.-]*:\S*)$")
 
 def _sinfo_line(line: str, line_no: int) -> SinfoGresLine:
     fields = [f.strip() for f in line.split("|")] if "|" in line else line.split()
-    count = int(fields[0]) if fields[0].isdigit() else None
+    count = int(fields[0]) if _DIGITS.fullmatch(fields[0]) else None
     gres: list[list[GresItem]] = []
     for f in fields:
         if _GRES_FIELD.match(f):

@@ -11,7 +11,6 @@ rather than returning a partial answer. Where one kind has a JSON and a text for
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -21,10 +20,16 @@ from typing import Any
 from telemetry.slurm.parse import (
     GresItem,
     SlurmParseError,
+    _epoch,
+    _hosts,
     _kv_tokens,
     _number,
+    _obj,
+    _seq,
+    _shown,
+    _text,
     _unwrap_number,
-    expand_hostlist,
+    load_json,
     parse_gres,
     parse_slurm_time,
 )
@@ -106,10 +111,7 @@ class License:
 # --------------------------------------------------------------------------- shared helpers
 def _load_json(text: str, source: str, key: str) -> tuple[dict[str, Any], Any]:
     """Decode a slurmrestd/CLI JSON document and return it with its ``key`` member."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmParseError(f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    doc = load_json(text, source)
     if not isinstance(doc, dict) or key not in doc:
         raise SlurmParseError(f"{source}: no {key!r} key in the document")
     value = doc[key]
@@ -132,17 +134,32 @@ def _is_json(text: str) -> bool:
 def _float(value: Any, key: str) -> float | None:
     """A float, or slurmrestd's {set, infinite, number} wrapper; unset/infinite -> None."""
     number = _unwrap_number(value, key)
-    return None if number is None or math.isinf(number) or math.isnan(number) else float(number)
+    try:
+        number = None if number is None else float(number)
+    except OverflowError as exc:
+        raise SlurmParseError(f"{key}: {_shown(number)} is out of range") from exc
+    return None if number is None or math.isinf(number) or math.isnan(number) else number
 
 
 def _int_field(value: str, what: str) -> int:
-    if not re.fullmatch(r"-?\d+", value.strip()):
-        raise SlurmParseError(f"{what}: expected an integer, got {value!r}")
-    return int(value)
+    # ASCII digits within int64: a longer run is damage (and int() refuses 4,300+ digits outright).
+    digits = value.strip()  # str.strip() also drops \x1c-\x1f, which int() would refuse
+    if not re.fullmatch(r"-?\d{1,18}", digits, re.ASCII):
+        raise SlurmParseError(f"{what}: expected an integer, got {_shown(value)}")
+    return int(digits)
 
 
-def _names(value: str | None) -> list[str]:
+def _time(value: Any, tz: tzinfo, where: str) -> datetime | None:
+    try:
+        return parse_slurm_time(value, tz)
+    except SlurmParseError as exc:
+        raise SlurmParseError(f"{where}: {exc}") from exc
+
+
+def _names(value: str | None, where: str = "names") -> list[str]:
     # scontrol prints "(null)" for an empty list; slurmrestd uses "".
+    if value is not None and not isinstance(value, str):
+        raise SlurmParseError(f"{where}: expected a comma-separated string, got {_shown(value)}")
     if value is None or value.strip() in {"", "(null)", "N/A"}:
         return []
     return [v.strip() for v in value.split(",") if v.strip()]
@@ -172,30 +189,38 @@ def parse_cpus(text: str) -> CpuCounts:
 def _minutes(value: Any, key: str) -> timedelta | None:
     # v0.0.38 uses -1 / null for UNLIMITED, v0.0.40+ the infinite flag; both mean "no limit".
     n = _number(value, key)
-    return None if n is None or n < 0 else timedelta(minutes=n)
+    try:
+        return None if n is None or n < 0 else timedelta(minutes=n)
+    except OverflowError as exc:
+        raise SlurmParseError(f"{key}: {n} minutes is out of range") from exc
 
 
 def _partition_v38(p: dict[str, Any], where: str) -> Partition:
     """openapi v0.0.37/38: flat keys (telegraf capture)."""
     return Partition(
-        name=p["name"], state=p.get("state"), nodes=expand_hostlist(p.get("nodes") or ""),
+        name=p["name"], state=_text(p.get("state"), f"{where}.state", None),
+        nodes=_hosts(p.get("nodes"), f"{where}.nodes"),
         total_cpus=_number(p.get("total_cpus"), f"{where}.total_cpus"),
         total_nodes=_number(p.get("total_nodes"), f"{where}.total_nodes"),
         max_time=_minutes(p.get("max_time_limit"), f"{where}.max_time_limit"),
-        default="default" in [f.lower() for f in p.get("flags") or []], tres=p.get("tres") or None,
+        default="default" in [str(f).lower() for f in _seq(p.get("flags"), f"{where}.flags")],
+        tres=_text(p.get("tres"), f"{where}.tres") or None,
     )
 
 
 def _partition_v40(p: dict[str, Any], where: str) -> Partition:
     """openapi v0.0.40+: nested nodes/cpus/maximums/partition objects."""
-    nodes, state = p.get("nodes") or {}, (p.get("partition") or {}).get("state") or []
+    nodes = _obj(p.get("nodes"), f"{where}.nodes")
+    state = _seq(_obj(p.get("partition"), f"{where}.partition").get("state"), f"{where}.partition.state")
     flags = [str(s).upper() for s in state]
     return Partition(
-        name=p["name"], state=flags[0] if flags else None, nodes=expand_hostlist(nodes.get("configured") or ""),
-        total_cpus=_number((p.get("cpus") or {}).get("total"), f"{where}.cpus.total"),
+        name=p["name"], state=flags[0] if flags else None,
+        nodes=_hosts(nodes.get("configured"), f"{where}.nodes.configured"),
+        total_cpus=_number(_obj(p.get("cpus"), f"{where}.cpus").get("total"), f"{where}.cpus.total"),
         total_nodes=_number(nodes.get("total"), f"{where}.nodes.total"),
-        max_time=_minutes((p.get("maximums") or {}).get("time"), f"{where}.maximums.time"),
-        default="DEFAULT" in flags, tres=(p.get("tres") or {}).get("configured") or None,
+        max_time=_minutes(_obj(p.get("maximums"), f"{where}.maximums").get("time"), f"{where}.maximums.time"),
+        default="DEFAULT" in flags,
+        tres=_text(_obj(p.get("tres"), f"{where}.tres").get("configured"), f"{where}.tres.configured") or None,
     )
 
 
@@ -277,17 +302,17 @@ def _sshare_line(n: int, line: str) -> Share:
 
 def _share_json(s: dict[str, Any], i: int) -> Share:
     where = f"shares[{i}]"
-    if not isinstance(s.get("name"), str):
+    if not isinstance(s, dict) or not isinstance(s.get("name"), str):
         raise SlurmParseError(f"{where}: missing key 'name'")
-    is_user = "USER" in [str(t).upper() for t in s.get("type") or []]
+    is_user = "USER" in [str(t).upper() for t in _seq(s.get("type"), f"{where}.type")]
     return Share(
-        account=s.get("parent", "") if is_user else s["name"], user=s["name"] if is_user else "",
+        account=_text(s.get("parent"), f"{where}.parent") if is_user else s["name"], user=s["name"] if is_user else "",
         raw_shares=_number(s.get("shares"), f"{where}.shares"),
         norm_shares=_float(s.get("shares_normalized"), f"{where}.shares_normalized"),
         raw_usage=_number(s.get("usage"), f"{where}.usage"),
         norm_usage=_float(s.get("usage_normalized"), f"{where}.usage_normalized"),
         effective_usage=_float(s.get("effective_usage"), f"{where}.effective_usage"),
-        fairshare=_float((s.get("fairshare") or {}).get("factor"), f"{where}.fairshare.factor"),
+        fairshare=_float(_obj(s.get("fairshare"), f"{where}.fairshare").get("factor"), f"{where}.fairshare.factor"),
     )
 
 
@@ -308,10 +333,13 @@ _NO_RESERVATIONS = "No reservations in the system"
 
 def _resv_time(value: str | None, tz: tzinfo, today: date | None, where: str) -> datetime | None:
     # scontrol drops the date for times within today ("14:24:22"); only the caller knows which day that was.
-    if value and re.fullmatch(r"\d{1,2}:\d{2}:\d{2}", value):
+    if isinstance(value, str) and re.fullmatch(r"\d{1,2}:\d{2}:\d{2}", value, re.ASCII):
         if today is None:
             return None
-        return datetime.combine(today, time.fromisoformat(value.zfill(8)), tz).astimezone(UTC)
+        try:
+            return datetime.combine(today, time.fromisoformat(value.zfill(8)), tz).astimezone(UTC)
+        except (ValueError, OverflowError) as exc:  # "99:99:99"
+            raise SlurmParseError(f"{where}: bad time of day {value!r}") from exc
     try:
         return parse_slurm_time(value, tz)
     except SlurmParseError as exc:
@@ -325,7 +353,7 @@ def _resv_text(record: str, n: int, tz: tzinfo, today: date | None) -> Reservati
     where = f"reservation {kv['ReservationName']!r}"
     return Reservation(
         name=kv["ReservationName"], start=_resv_time(kv.get("StartTime"), tz, today, f"{where} StartTime"),
-        end=_resv_time(kv.get("EndTime"), tz, today, f"{where} EndTime"), nodes=expand_hostlist(kv.get("Nodes", "")),
+        end=_resv_time(kv.get("EndTime"), tz, today, f"{where} EndTime"), nodes=_hosts(kv.get("Nodes"), where),
         users=_names(kv.get("Users")), accounts=_names(kv.get("Accounts")), flags=_names(kv.get("Flags")),
         state=kv.get("State"),
     )
@@ -344,15 +372,14 @@ def _resv_records(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
 
 def _resv_json(r: dict[str, Any], i: int) -> Reservation:
     where = f"reservations[{i}]"
-    if not isinstance(r.get("name"), str):
+    if not isinstance(r, dict) or not isinstance(r.get("name"), str):
         raise SlurmParseError(f"{where}: missing key 'name'")
-    start, end = _number(r.get("start_time"), f"{where}.start_time"), _number(r.get("end_time"), f"{where}.end_time")
     flags = r.get("flags") or []
     return Reservation(
-        name=r["name"], start=datetime.fromtimestamp(start, UTC) if start else None,
-        end=datetime.fromtimestamp(end, UTC) if end else None, nodes=expand_hostlist(r.get("node_list") or ""),
-        users=_names(r.get("users")), accounts=_names(r.get("accounts")),
-        flags=[str(f).upper() for f in flags] if isinstance(flags, list) else _names(flags),
+        name=r["name"], start=_epoch(r.get("start_time"), f"{where}.start_time"),
+        end=_epoch(r.get("end_time"), f"{where}.end_time"), nodes=_hosts(r.get("node_list"), f"{where}.node_list"),
+        users=_names(r.get("users"), f"{where}.users"), accounts=_names(r.get("accounts"), f"{where}.accounts"),
+        flags=[str(f).upper() for f in flags] if isinstance(flags, list) else _names(flags, f"{where}.flags"),
     )
 
 
@@ -379,16 +406,18 @@ _LICENSE_KEYS = ("LicenseName", "Total", "Used", "Free", "Reserved")
 
 
 def _license(kv: dict[str, Any], where: str, tz: tzinfo) -> License:
+    if not isinstance(kv, dict):
+        raise SlurmParseError(f"{where}: expected an object, got {_shown(kv)}")
     missing = [k for k in _LICENSE_KEYS if k not in kv]
     if missing:
         raise SlurmParseError(f"{where}: missing key {missing[0]!r}")
     remote = kv.get("Remote", False)
-    nums = [v if isinstance(v, int) else _int_field(str(v), f"{where} {k}") for k, v in
-            ((k, kv[k]) for k in _LICENSE_KEYS[1:])]
+    nums = [_number(v, f"{where}.{k}") if isinstance(v, int) and not isinstance(v, bool)
+            else _int_field(str(v), f"{where} {k}") for k, v in ((k, kv[k]) for k in _LICENSE_KEYS[1:])]
     return License(
         name=str(kv["LicenseName"]), total=nums[0], used=nums[1], free=nums[2], reserved=nums[3],
         remote=remote if isinstance(remote, bool) else str(remote).lower() == "yes",
-        last_update=parse_slurm_time(kv.get("LastUpdate"), tz),
+        last_update=_time(kv.get("LastUpdate"), tz, f"{where}.LastUpdate"),
     )
 
 
@@ -436,7 +465,7 @@ _DIAG_BF = {
     "Mean table size": "bf_table_size_mean",
 }
 _DIAG_SECTIONS = {"Main schedule statistics": _DIAG_MAIN, "Backfilling stats": _DIAG_BF}
-_LATENCY = re.compile(r"^Latency for \d+ calls to gettimeofday\(\): (\d+) microseconds$")
+_LATENCY = re.compile(r"^Latency for \d+ calls to gettimeofday\(\): (\d{1,18}) microseconds$", re.ASCII)
 
 
 def _diag_text(lines: list[tuple[int, str]]) -> dict[str, int | bool | None]:
@@ -517,6 +546,8 @@ _STATE_SUFFIXES = "*~#!%$@^-+"  # sinfo: * not responding, ~ powered off, # powe
 
 def node_state(value: str | list[str], where: str) -> tuple[str, list[str]]:
     """("mixed" | "down*" | ["IDLE", "DRAIN"]) -> (base state, flags); an unknown base state raises."""
+    if not isinstance(value, str | list):
+        raise SlurmParseError(f"{where}: expected a node state, got {_shown(value)}")
     items = [value] if isinstance(value, str) else [str(v) for v in value]
     if not items or not items[0].strip():
         raise SlurmParseError(f"{where}: empty node state {value!r}")
@@ -537,18 +568,19 @@ def _gres_at(value: Any, where: str) -> list[GresItem]:
 
 def _node_json(n: dict[str, Any], i: int) -> Node:
     where = f"nodes[{i}]"
-    if not isinstance(n.get("name"), str) or not n["name"]:
+    if not isinstance(n, dict) or not isinstance(n.get("name"), str) or not n["name"]:
         raise SlurmParseError(f"{where}: missing key 'name'")
     state, flags = node_state(n.get("state") or "", f"{where}.state")
     parts = n.get("partitions") or []
+    partitions = [str(p) for p in parts] if isinstance(parts, list) else _names(parts, f"{where}.partitions")
     return Node(
-        name=n["name"], state=state, partitions=[str(p) for p in parts] if isinstance(parts, list) else _names(parts),
+        name=n["name"], state=state, partitions=partitions,
         cpus=_number(n.get("cpus"), f"{where}.cpus"), gres=_gres_at(n.get("gres"), f"{where}.gres"),
         gres_used=_gres_at(n.get("gres_used"), f"{where}.gres_used"), reason=n.get("reason") or None,
         alloc_cpus=_number(n.get("alloc_cpus"), f"{where}.alloc_cpus"),
         memory_mb=_number(n.get("real_memory"), f"{where}.real_memory"),
         alloc_memory_mb=_number(n.get("alloc_memory"), f"{where}.alloc_memory"),
-        state_flags=flags + [str(f).upper() for f in n.get("state_flags") or []],
+        state_flags=flags + [str(f).upper() for f in _seq(n.get("state_flags"), f"{where}.state_flags")],
     )
 
 
