@@ -25,7 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from telemetry.api.auth import AuthError, authenticate_collector
 from telemetry.api.views import ApiError, _body, _method_guard
-from telemetry.ingest.schema import BatchError, _loads
+from telemetry.ingest.schema import BatchError, _loads, storable_text_problem
 from telemetry.models import JobState
 from telemetry.slurm import parse
 from telemetry.slurm.sync import ENDED, STATES, do_sync_slurm
@@ -57,8 +57,9 @@ def _text(raw, where: str, limit: int, *, required: bool = False) -> str:
         return ""
     if not isinstance(raw, str) or (required and not raw.strip()):
         raise BatchError(where, f"must be a {'non-empty ' if required else ''}string, got {raw!r}")
-    if len(raw) > limit:
-        raise BatchError(where, f"longer than {limit} characters: {raw[:60]!r}…")
+    problem = storable_text_problem(raw, limit)  # too long, NUL, lone surrogate: PostgreSQL would refuse it
+    if problem:
+        raise BatchError(where, problem)
     return raw.strip()
 
 
@@ -171,8 +172,10 @@ def _job(raw, where: str) -> tuple[parse.Job, list[parse.Allocation]]:
 
 
 def _raw_id(job_id: str) -> int:
+    """The job id's leading number (Slurm's raw id), for ordering; 0 when it has none or it overflows bigint."""
     digits = re.search(r"\d+", job_id)
-    return int(digits.group()) if digits else 0
+    value = int(digits.group()[:19]) if digits else 0
+    return value if value <= BIGINT else 0
 
 
 def parse_snapshot(doc) -> tuple[list[parse.Job], list[parse.Allocation]]:

@@ -23,12 +23,14 @@ from django.views.decorators.csrf import csrf_exempt
 from telemetry import live
 from telemetry.api.auth import AuthError, authenticate_collector
 from telemetry.api.views import ApiError, _body, _method_guard
-from telemetry.ingest.schema import BatchError, TimeParser, _loads
+from telemetry.ingest.schema import BatchError, TimeParser, _loads, storable_text_problem
 from telemetry.models import Job
 from tenancy.access import collector_endpoint
 
 NUMBERS = ("step_time_s", "loss", "grad_norm", "tokens_per_s")
 KEYS = {"rank", "step", "time", "nan_count", "inf_count", *NUMBERS}
+INT_MAX, BIGINT_MAX = 2**31 - 1, 2**63 - 1
+EXTERNAL_ID_LENGTH = 128  # Job.external_id
 
 
 def _job_key(raw) -> tuple[str, str]:
@@ -37,6 +39,9 @@ def _job_key(raw) -> tuple[str, str]:
     source, _, external = raw.partition(":")
     if source not in Job.Source.values or not external.strip():
         raise BatchError("$.job", f"unknown scheduler {source!r} or empty id (slurm or k8s)")
+    problem = storable_text_problem(external.strip(), EXTERNAL_ID_LENGTH)
+    if problem:
+        raise BatchError("$.job", f"the job id is {problem}")
     return source, external.strip()
 
 
@@ -46,9 +51,9 @@ def _record(rec, where: str, times: TimeParser) -> tuple:
     unknown = set(rec) - KEYS
     if unknown:
         raise BatchError(f"{where}.{sorted(unknown)[0]}", "unknown key")
-    for key in ("rank", "step"):
-        if isinstance(rec.get(key), bool) or not isinstance(rec.get(key), int) or rec[key] < 0:
-            raise BatchError(f"{where}.{key}", f"must be an integer ≥ 0, got {rec.get(key)!r}")
+    for key, high in (("rank", INT_MAX), ("step", BIGINT_MAX)):  # the columns' ranges (integer, bigint)
+        if isinstance(rec.get(key), bool) or not isinstance(rec.get(key), int) or not 0 <= rec[key] <= high:
+            raise BatchError(f"{where}.{key}", f"must be an integer from 0 to {high}, got {rec.get(key)!r}"[:300])
     t = times.now if rec.get("time") is None else times.parse(rec["time"], f"{where}.time")
     nan, inf = (_count(rec, k, where) for k in ("nan_count", "inf_count"))
     values = []
@@ -65,8 +70,8 @@ def _record(rec, where: str, times: TimeParser) -> tuple:
 
 def _count(rec: dict, key: str, where: str) -> int:
     v = rec.get(key, 0)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise BatchError(f"{where}.{key}", f"must be an integer ≥ 0, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INT_MAX:
+        raise BatchError(f"{where}.{key}", f"must be an integer from 0 to {INT_MAX}, got {v!r}"[:300])
     return v
 
 

@@ -153,6 +153,7 @@ BAD = [
     (["jobs", 1, "job_id"], " ", "jobs[1].job_id", "' '"),
     (["jobs", 1, "job_id"], "sim-1", "jobs[1].job_id", "'sim-1' is already at jobs[0]"),
     (["jobs", 1, "name"], "x" * 300, "jobs[1].name", "longer than 256 characters"),
+    (["jobs", 1, "name"], "gpt\x00-7b", "jobs[1].name", "contains a NUL character"),  # PostgreSQL refuses NUL
     (["jobs", 1, "colour"], "red", "jobs[1].colour", "unknown key"),
     (["jobs", 1, "nodes"], ["gpu-0001", "gpu-0001"], "jobs[1].nodes[1]", "'gpu-0001' is listed twice"),
     (["jobs", 1, "start"], None, "jobs[1].start", "a RUNNING job needs its start time"),
@@ -224,3 +225,4 @@ def test_a_complete_snapshot_closes_open_jobs_it_does_not_list(post):
     assert JobStateChange.objects.get(job__external_id="sim-1", state="cancelled").reason.startswith("not in")
     bad = post({**_snapshot(), "complete": "yes"})
     assert bad.status_code == 400 and "complete" in bad.content.decode()
+

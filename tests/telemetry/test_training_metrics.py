@@ -60,3 +60,18 @@ def test_unknown_scheduler_is_400(client):
 def test_training_endpoint_needs_a_token(client):
     resp = client.post("/api/v1/training", data="{}", content_type="application/json")
     assert resp.status_code == 401
+
+
+@pytest.mark.parametrize(("body", "where"), [
+    ({"job": "slurm:7", "records": [{"rank": 2**31, "step": 1}]}, "$.records[0].rank"),  # past the integer column
+    ({"job": "slurm:7", "records": [{"rank": 0, "step": 2**63}]}, "$.records[0].step"),  # past bigint
+    ({"job": "slurm:7", "records": [{"rank": 0, "step": 1, "nan_count": 2**31}]}, "$.records[0].nan_count"),
+    ({"job": "slurm:" + "7" * 129, "records": []}, "$.job"),  # Job.external_id holds 128 characters
+    ({"job": "slurm:7\x00", "records": []}, "$.job"),  # PostgreSQL refuses NUL in text
+])
+def test_values_the_database_cannot_hold_are_400_not_503(client, body, where):
+    token = do_create_collector_token("trainer")
+    resp = client.post("/api/v1/training", data=json.dumps(body), content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert resp.status_code == 400 and resp.json()["error"]["where"] == where, resp.content
+    assert _rows() == [] and not Job.objects.exists()
