@@ -56,7 +56,16 @@ def drop_database(database_url: str) -> None:
     parts = urlsplit(database_url)
     admin = urlunsplit(parts._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{parts.path.lstrip("/")}" WITH (FORCE)')
+        for attempt in range(30):
+            try:
+                conn.execute(f'DROP DATABASE IF EXISTS "{parts.path.lstrip("/")}" WITH (FORCE)')
+                return
+            except psycopg.errors.InsufficientPrivilege:
+                # An autovacuum worker (the superuser's) is in the database: FORCE may not end it, but
+                # it stops by itself within moments.
+                if attempt == 29:
+                    raise
+                time.sleep(1)
 
 
 def free_port() -> int:

@@ -64,10 +64,13 @@ def main() -> None:
         report = soak_lib.run_soak(cfg, run_dir)
     finally:
         _forget_queue(cfg.queue)
-        if not args.keep_database:
-            drop_database(url)
         shutil.rmtree(run_dir / "passwords", ignore_errors=True)
         (run_dir / "simulator_token").unlink(missing_ok=True)
+    if not args.keep_database:
+        try:
+            drop_database(url)
+        except Exception as exc:  # the figures matter more than the scratch database
+            say(f"could not drop the scratch database: {exc}")
     for line in soak_lib.report_lines(report):
         say(line)
     soak_lib.dump_raw(report, run_dir / "soak.json")
