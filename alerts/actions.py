@@ -18,8 +18,6 @@ import logging
 
 import redis
 from django.conf import settings
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +29,9 @@ def _redis() -> redis.Redis:
     """One client per process that fails within about a second instead of stalling ingest."""
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5,
-                                       retry=Retry(NoBackoff(), 1))
+        from telemetry.live import fast_client  # here: ingest's writer imports this module
+
+        _client = fast_client(settings.REDIS_URL)
     return _client
 
 

@@ -6,13 +6,10 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django_plotly_dash.middleware import ContentCollector
 
 
-class DashContentMiddleware:
-    """Does what django-plotly-dash's BaseMiddleware does, in sync and async mode.
-
-    `{% plotly_direct %}` collects the Dash renderer's scripts and styles while the template
-    renders; `{% plotly_header %}` / `{% plotly_footer %}` leave placeholders that are filled in
-    here. Only HTML responses are rewritten: ingest, JSON and streamed responses pass untouched.
-    """
+class HybridMiddleware:
+    """Base of our middleware: sync and async capable, so ingest keeps an all-async chain under daphne
+    while the test client and management code call it synchronously. Subclasses define __call__ (and
+    __acall__ for the async mode, which __call__ hands over to)."""
 
     sync_capable = True
     async_capable = True
@@ -22,6 +19,15 @@ class DashContentMiddleware:
         self.async_mode = iscoroutinefunction(get_response)
         if self.async_mode:
             markcoroutinefunction(self)
+
+
+class DashContentMiddleware(HybridMiddleware):
+    """Does what django-plotly-dash's BaseMiddleware does, in sync and async mode.
+
+    `{% plotly_direct %}` collects the Dash renderer's scripts and styles while the template
+    renders; `{% plotly_header %}` / `{% plotly_footer %}` leave placeholders that are filled in
+    here. Only HTML responses are rewritten: ingest, JSON and streamed responses pass untouched.
+    """
 
     def __call__(self, request):
         if self.async_mode:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import redis
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
@@ -27,8 +27,9 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpResponse
 from django.urls import reverse
 from django.utils import timezone
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+
+from dashboard.middleware import HybridMiddleware
+from telemetry.live import fast_client
 
 logger = logging.getLogger(__name__)
 
@@ -77,21 +78,12 @@ def build_policy(*, websocket_origin: str) -> str:
     return "; ".join(f"{name} {value}" for name, value in directives.items())
 
 
-class ContentSecurityPolicyMiddleware:
+class ContentSecurityPolicyMiddleware(HybridMiddleware):
     """Sets Content-Security-Policy (or its -Report-Only twin, CSP_REPORT_ONLY) on every HTML response.
 
     Other responses (ingest, JSON, static files) run no script, so they are left alone and the
     ingest path stays lean. Sync and async capable, so ingest keeps an async middleware chain.
     """
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.async_mode = iscoroutinefunction(get_response)
-        if self.async_mode:
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         if self.async_mode:
@@ -126,8 +118,7 @@ def _redis() -> redis.Redis:
     """One client per process that fails within about a second rather than hang the sign-in page."""
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5,
-                                       retry=Retry(NoBackoff(), 1))
+        _client = fast_client(settings.REDIS_URL)
     return _client
 
 
@@ -255,19 +246,13 @@ class LockoutAdminAuthenticationForm(LockoutFormMixin, AdminAuthenticationForm):
     """Django admin's sign-in form (staff only) with the same lockout."""
 
 
-class LoginRateLimitMiddleware:
+class LoginRateLimitMiddleware(HybridMiddleware):
     """At most LOGIN_RATE_LIMIT sign-in POSTs per client IP per LOGIN_RATE_WINDOW, on the console's and the
     admin's login; beyond that 429 with Retry-After. Every other request passes without touching Redis."""
 
-    sync_capable = True
-    async_capable = True
-
     def __init__(self, get_response):
-        self.get_response = get_response
+        super().__init__(get_response)
         self._paths: frozenset[str] | None = None
-        self.async_mode = iscoroutinefunction(get_response)
-        if self.async_mode:
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         if self.async_mode:

@@ -52,8 +52,8 @@ THROTTLE_MS = 1000
 _TRAILING_MARGIN_S = 0.02
 
 
-def _client(url: str) -> redis.Redis:
-    """A Redis client that fails within about a second instead of stalling ingest.
+def fast_client(url: str) -> redis.Redis:
+    """A Redis client that fails within about a second instead of stalling ingest (or a sign-in page).
 
     redis-py's default retries ten times with backoff (several seconds when Redis is down); one
     immediate retry is enough to replace a pooled connection that Redis closed.
@@ -64,7 +64,7 @@ def _client(url: str) -> redis.Redis:
 
 
 # One client per process; redis-py pools connections and is thread-safe.
-_redis = _client(settings.REDIS_URL)
+_redis = fast_client(settings.REDIS_URL)
 
 _trailing_guard = threading.Lock()
 _trailing: threading.Timer | None = None  # armed and not yet fired

@@ -158,7 +158,7 @@ def test_schedule_does_not_publish_on_rollback():
 
 
 def test_publish_failure_is_logged_not_raised_and_does_not_stall_ingest(monkeypatch, caplog):
-    monkeypatch.setattr(live, "_redis", live._client("redis://127.0.0.1:1/0"))  # nothing listens
+    monkeypatch.setattr(live, "_redis", live.fast_client("redis://127.0.0.1:1/0"))  # nothing listens
 
     started = time.monotonic()
     with caplog.at_level(logging.ERROR, logger="telemetry.live"):
