@@ -59,6 +59,9 @@ def _login(page, server, path: str) -> None:
 
 def _pick_field(page, label: str) -> None:
     page.click("#field")
+    # Type only once the menu is open: keys pressed before it has focus are lost on a busy machine, and the
+    # list is virtualised, so an option far down it is not in the page until the typed filter brings it up.
+    page.get_by_role("option").first.wait_for()
     page.keyboard.type(label)
     page.get_by_role("option", name=label, exact=True).click()
 
