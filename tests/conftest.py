@@ -83,15 +83,17 @@ def _no_login_counters_across_tests():
 
 @pytest.fixture(autouse=True)
 def _fresh_entity_cache():
-    """Ingest caches inventory ids per process; each test starts with an empty database."""
+    """Ingest caches inventory ids per process, live pages share reads per tick; each test starts afresh."""
     from django.conf import settings
 
     if not settings.configured:
         yield
         return
+    from dashboard.consumers.base import clear_tick_memos
     from telemetry.ingest import entities
 
     entities.clear_cache()
+    clear_tick_memos()
     yield
     entities.clear_cache()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -19,6 +20,14 @@ from telemetry.live import TELEMETRY_GROUP
 from tenancy.scoping import is_operator
 
 logger = logging.getLogger(__name__)
+MEMO_MAX_KEYS = 512  # distinct reads kept per process (pages × subscriptions); beyond it, start afresh
+_MEMOS: weakref.WeakSet = weakref.WeakSet()
+
+
+def clear_tick_memos() -> None:
+    """Forget every shared read (tests: one test's ticks must not answer the next test's pages)."""
+    for memo in list(_MEMOS):
+        memo._memo.clear()
 
 # Application close codes (4000-4999 are free for applications): not signed in; signed in but not allowed.
 CLOSE_UNAUTHENTICATED = 4401
@@ -41,6 +50,38 @@ async def admit_operator(consumer: AsyncJsonWebsocketConsumer) -> bool:
     return True
 
 
+class TickMemo:
+    """One read per key and tick for every page in the process.
+
+    Ingest sends at most one tick a second to every consumer; the first page to handle it reads,
+    the other pages that need the same read (the same heatmap metric, the same job, the same job
+    list filters) reuse its result instead of repeating it. At 16k GPUs a heatmap read is 16k rows,
+    and 15 open heatmaps re-reading them every second kept Channels' one sync thread busy enough to
+    fall minutes behind. A page without a tick (just subscribed) reads afresh and shares nothing.
+    Reads run on Channels' one thread for sync code (database_sync_to_async), so there is no lock.
+    Values are shared: callers must not change them.
+    """
+
+    def __init__(self) -> None:
+        self._memo: dict = {}
+        _MEMOS.add(self)
+
+    def get(self, key, tick: str | None, read, *args):
+        if tick is None:
+            return read(*args)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == tick:
+            return hit[1]
+        value = read(*args)
+        # Ticks are ISO times of one format, so a page still working on an older tick cannot
+        # replace the newer tick's read that other pages are about to reuse.
+        if hit is None or tick > hit[0]:
+            if len(self._memo) >= MEMO_MAX_KEYS:
+                self._memo.clear()
+            self._memo[key] = (tick, value)
+        return value
+
+
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     """Base for a page that recomputes its change on every telemetry tick (operators only)."""
 
@@ -51,6 +92,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         self._running: asyncio.Task | None = None
         self._again = False
+        self.tick: str | None = None  # the last tick's time: the key under which pages share reads (TickMemo)
         await self.channel_layer.group_add(TELEMETRY_GROUP, self.channel_name)
         await self.accept()
 
@@ -60,6 +102,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             self._running.cancel()
 
     async def telemetry_tick(self, event: dict) -> None:
+        self.tick = event.get("at")
         self.refresh()
 
     def refresh(self) -> None:

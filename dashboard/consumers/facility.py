@@ -35,7 +35,7 @@ from datetime import datetime
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from dashboard.consumers.base import LiveConsumer
+from dashboard.consumers.base import LiveConsumer, TickMemo
 from dashboard.dash_apps.facility import nvlink_payload
 from telemetry.selectors import nvlink_domains, power_overview
 
@@ -58,27 +58,7 @@ def read(kind: str) -> dict:
     return power_overview(now())
 
 
-class SharedRead:
-    """One read per kind and tick for every page in the process.
-
-    Ingest sends at most one tick a second to every consumer; the first to handle it reads, the
-    others reuse its result. Reads run in Channels' one thread for sync code, so no lock.
-    """
-
-    def __init__(self):
-        self._memo: dict[str, tuple[str, dict]] = {}
-
-    def get(self, kind: str, tick: str | None) -> dict:
-        hit = self._memo.get(kind)
-        if tick is not None and hit and hit[0] == tick:
-            return hit[1]
-        value = read(kind)
-        if tick is not None:
-            self._memo[kind] = (tick, value)
-        return value
-
-
-_shared = SharedRead()
+_shared = TickMemo()  # one read per kind and tick, for every page in the process
 
 
 @dataclass
@@ -103,7 +83,6 @@ class FacilityConsumer(LiveConsumer):
 
     async def connect(self) -> None:
         self.sent: Sent | None = None
-        self.tick: str | None = None
         self.seq = 0
         await super().connect()
 
@@ -118,15 +97,11 @@ class FacilityConsumer(LiveConsumer):
         self.tick = None  # a fresh read, not the last tick's
         self.refresh()
 
-    async def telemetry_tick(self, event: dict) -> None:
-        self.tick = event.get("at")
-        self.refresh()
-
     async def push(self) -> None:
         sent = self.sent
         if sent is None:
             return
-        data = await database_sync_to_async(_shared.get)(sent.kind, self.tick)
+        data = await database_sync_to_async(_shared.get)(sent.kind, self.tick, read, sent.kind)
         if sent is not self.sent:
             return  # the page subscribed anew while we read: its own refresh follows
         msgs = nvlink_change(sent, data) if sent.kind == "nvlink" else power_change(sent, data)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from channels.db import database_sync_to_async
 
-from dashboard.consumers.base import LiveConsumer
+from dashboard.consumers.base import LiveConsumer, TickMemo
 from telemetry.selectors.racks import METRICS, SlowCache
 
 # One memo per process for the metrics read from rollups and events (see SlowCache).
 _slow_metrics = SlowCache()
+# Pages showing the same metric share one read per tick.
+_shared = TickMemo()
 
 
 class HeatmapConsumer(LiveConsumer):
@@ -32,13 +34,14 @@ class HeatmapConsumer(LiveConsumer):
             await self.send_json({"type": "error", "message": f"unknown metric: {metric!r}"})
             return
         self.metric, self.sent = metric, {}
+        self.tick = None  # a fresh read, not the last tick's
         self.refresh()
 
     async def push(self) -> None:
         metric = self.metric
         if metric is None:
             return
-        values = (await database_sync_to_async(_slow_metrics.get)(metric))["values"]
+        values = (await database_sync_to_async(_shared.get)(metric, self.tick, _slow_metrics.get, metric))["values"]
         if metric != self.metric:
             return  # the page switched metric while we read: its own refresh follows
         full = not self.sent

@@ -31,7 +31,7 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from dashboard.consumers.base import LiveConsumer
+from dashboard.consumers.base import LiveConsumer, TickMemo
 from telemetry.selectors import job_detail, job_list, job_step_series
 
 MAX_LIST_LIMIT = 200
@@ -40,6 +40,8 @@ MAX_STEP_BUCKETS = 2000  # a page away for days asks for at most this many bucke
 _ROW_VOLATILE = frozenset({"queued_s", "runtime_s"})
 _RANK_VOLATILE = frozenset({"sample_time"})
 _LIST_FILTERS = ("state", "account", "user", "partition", "q")
+# Pages on the same job, or the same list filters, share one read per tick.
+_shared = TickMemo()
 
 
 def now() -> datetime:
@@ -75,6 +77,7 @@ class JobConsumer(LiveConsumer):
             await self.send_json({"type": "error", "message": sub})
             return
         self.sub = sub
+        self.tick = None  # a fresh read, not the last tick's
         self.refresh()
 
     async def push(self) -> None:
@@ -82,7 +85,7 @@ class JobConsumer(LiveConsumer):
         if sub is None:
             return
         change = list_change if sub["kind"] == "list" else job_change
-        msg = await database_sync_to_async(change)(sub)
+        msg = await database_sync_to_async(change)(sub, self.tick)
         if msg is None or sub is not self.sub:
             return  # nothing new, or the page subscribed anew while we read: its refresh follows
         self.seq += 1
@@ -90,20 +93,21 @@ class JobConsumer(LiveConsumer):
         await self.send_json({**msg, "sub": sub["sub"], "seq": self.seq})
 
 
-def list_change(sub: dict) -> dict | None:
+def list_change(sub: dict, tick: str | None = None) -> dict | None:
     """The job list's message for this pass, recording what it sends."""
     sent: Sent = sub["sent"]
-    data = job_list(**sub["filters"], limit=sub["limit"], offset=sub["offset"], now=now())
+    key = ("list", tuple(sorted(sub["filters"].items())), sub["limit"], sub["offset"])
+    data = _shared.get(key, tick, lambda: job_list(**sub["filters"], limit=sub["limit"], offset=sub["offset"], now=now()))
     msg = list_diff(sent.rows, sent.order, sent.total, data, full=sent.full)
     sent.rows = {row["key"]: row for row in data["jobs"]}
     sent.order, sent.total = [row["key"] for row in data["jobs"]], data["total"]
     return msg
 
 
-def job_change(sub: dict) -> dict | None:
+def job_change(sub: dict, tick: str | None = None) -> dict | None:
     """The job page's message for this pass, recording what it sends."""
     sent: Sent = sub["sent"]
-    detail = job_detail(sub["key"], now=now())
+    detail = _shared.get(("job", sub["key"]), tick, lambda: job_detail(sub["key"], now=now()))
     if detail is None:
         return {"type": "error", "message": f"unknown job: {sub['key']!r}"} if sent.full else None
     msg = job_diff(sent.parts, sent.ranks, detail, full=sent.full)

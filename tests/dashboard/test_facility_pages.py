@@ -351,14 +351,23 @@ def test_consumer_rejects_anonymous_users():
 
 
 def test_one_read_per_tick_is_shared(monkeypatch):
+    from dashboard.consumers.base import TickMemo
+
     reads = []
     monkeypatch.setattr(consumer, "read", lambda kind: reads.append(kind) or {"n": len(reads)})
-    shared = consumer.SharedRead()
-    assert shared.get("power", "t1") == shared.get("power", "t1") == {"n": 1}
-    assert shared.get("nvlink", "t1") == {"n": 2}
-    assert shared.get("power", "t2") == {"n": 3}
-    assert shared.get("power", None) == {"n": 4}  # a new subscription reads afresh
-    assert reads == ["power", "nvlink", "power", "power"]
+    shared = TickMemo()
+
+    def get(kind, tick):
+        return shared.get(kind, tick, consumer.read, kind)
+
+    assert get("power", "t1") == get("power", "t1") == {"n": 1}
+    assert get("nvlink", "t1") == {"n": 2}
+    assert get("power", "t2") == {"n": 3}
+    assert get("power", None) == {"n": 4}  # a new subscription reads afresh
+    # A page still on the older tick reads for itself, and does not evict the newer tick's read.
+    assert get("power", "t1") == {"n": 5}
+    assert get("power", "t2") == {"n": 3}
+    assert reads == ["power", "nvlink", "power", "power", "power"]
 
 
 def test_power_change_is_empty_when_nothing_moved():

@@ -137,9 +137,9 @@ def test_consumer_sends_all_values_then_only_changes(floor, session_cookie):
         await ws.send_json_to({"subscribe": "gpu_temp"})
         first = await ws.receive_json_from(timeout=5)
         await sync_to_async(write_latest)(b, time=FIXED_NOW, gpu_temp=75.0)
-        await ws.send_input({"type": "telemetry.tick", "at": "x"})
+        await ws.send_input({"type": "telemetry.tick", "at": "t1"})
         second = await ws.receive_json_from(timeout=5)
-        await ws.send_input({"type": "telemetry.tick", "at": "x"})  # nothing changed: nothing sent
+        await ws.send_input({"type": "telemetry.tick", "at": "t2"})  # nothing changed: nothing sent
         quiet = await ws.receive_nothing(timeout=0.5)
         await ws.send_json_to({"subscribe": "no-such-metric"})
         error = await ws.receive_json_from(timeout=5)
@@ -153,6 +153,38 @@ def test_consumer_sends_all_values_then_only_changes(floor, session_cookie):
     assert second["full"] is False and second["values"] == {str(b.id): 75.0} and second["seq"] == 2
     assert quiet is True
     assert error["type"] == "error" and "no-such-metric" in error["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pages_on_one_metric_share_one_read_per_tick(floor, session_cookie, monkeypatch):
+    from telemetry.selectors import racks
+
+    a = floor["GPU-n1-0"]
+    write_latest(a, time=FIXED_NOW, gpu_temp=60.0)
+    reads = []
+    real = racks.heatmap_values
+    monkeypatch.setattr(racks, "heatmap_values", lambda metric, **kw: reads.append(metric) or real(metric, **kw))
+
+    async def scenario():
+        pages = [_communicator(session_cookie) for _ in range(3)]
+        for ws in pages:
+            assert (await ws.connect())[0]
+            await ws.send_json_to({"subscribe": "gpu_temp"})
+            await ws.receive_json_from(timeout=5)
+        subscribed = len(reads)
+        await sync_to_async(write_latest)(a, time=FIXED_NOW, gpu_temp=70.0)
+        for ws in pages:
+            await ws.send_input({"type": "telemetry.tick", "at": "t1"})
+        got = [await ws.receive_json_from(timeout=5) for ws in pages]
+        for ws in pages:
+            await ws.disconnect()
+        return subscribed, got
+
+    subscribed, got = async_to_sync(scenario)()
+
+    assert subscribed == 3  # each new subscription reads for itself
+    assert reads == ["gpu_temp"] * 4  # the tick: one read for the three pages
+    assert [m["values"] for m in got] == [{str(a.id): 70.0}] * 3
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,6 +6,7 @@ test_selectors_jobs): two racks of two 4-GPU nodes, one NVLink domain and one le
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import timedelta
 from types import SimpleNamespace
@@ -214,7 +215,12 @@ def _communicator(cookie: bytes | None = None):
     return ws_communicator("/ws/jobs/", cookie)
 
 
-TICK = {"type": "telemetry.tick", "at": "x"}
+_ticks = itertools.count(1)
+
+
+def tick() -> dict:
+    """A telemetry tick as ingest sends it: each one carries a new time (pages share reads per tick)."""
+    return {"type": "telemetry.tick", "at": f"2026-01-01T00:00:{next(_ticks):09.6f}"}
 
 
 def one_step_each(job, values: dict[int, float], at) -> None:
@@ -237,9 +243,9 @@ def test_job_subscription_sends_the_job_then_only_the_rank_that_started_to_strag
         first = await ws.receive_json_from(timeout=5)
         # Rank 2 reports a 3 s step: its median doubles and it straggles.
         await sync_to_async(one_step_each)(job, {2: 3.0}, NOW - timedelta(seconds=30))
-        await ws.send_input(TICK)
+        await ws.send_input(tick())
         second = await ws.receive_json_from(timeout=5)
-        await ws.send_input(TICK)  # nothing changed: nothing sent
+        await ws.send_input(tick())  # nothing changed: nothing sent
         quiet = await ws.receive_nothing(timeout=0.5)
         await ws.send_json_to({"subscribe": "job", "key": "slurm:nope"})
         unknown = await ws.receive_json_from(timeout=5)
@@ -284,10 +290,10 @@ def test_list_subscription_sends_the_page_then_only_changed_rows(session_cookie)
         assert (await ws.connect())[0]
         await ws.send_json_to({"subscribe": "list", "sub": 1, "limit": 50})
         first = await ws.receive_json_from(timeout=5)
-        await ws.send_input(TICK)  # the clock moved, nothing else: nothing sent
+        await ws.send_input(tick())  # the clock moved, nothing else: nothing sent
         quiet = await ws.receive_nothing(timeout=0.5)
         await sync_to_async(preempt_a)()
-        await ws.send_input(TICK)
+        await ws.send_input(tick())
         second = await ws.receive_json_from(timeout=5)
         await sync_to_async(make_job)("402", JobState.CANCELLED, start_time=None, end_time=NOW)
         await ws.send_json_to({"subscribe": "list", "sub": 2, "state": "cancelled"})
