@@ -66,9 +66,28 @@ def _ident_columns(kind: str, cols: dict, n: int, where: str) -> dict[str, list]
     unknown = set(cols) - set(required) - set(optional) - {"time", "fields", "extra"}
     if unknown:
         raise BatchError(f"{where}.{sorted(unknown)[0]}", f"unknown column for {kind}")
-    if kind == "port" and ("host" in out) == ("switch" in out):
-        raise BatchError(where, "port columns name exactly one of 'host' or 'switch'")
+    if kind == "port":
+        _port_owners(out, where)
     return out
+
+
+def _port_owners(cols: dict[str, list], where: str) -> None:
+    """Each port row names its owner: a `host` or a `switch`, never both and never neither.
+
+    A batch may carry one of the two columns, or both with one null on each row (a rack's HCA
+    ports and its switches' ports in one frame).
+    """
+    hosts, switches = cols.get("host"), cols.get("switch")
+    if hosts is None and switches is None:
+        raise BatchError(where, "port columns name each port's owner: a 'host' or a 'switch' column")
+    if hosts is not None and switches is not None:
+        bad = next((i for i, (h, s) in enumerate(zip(hosts, switches, strict=True)) if (h is None) == (s is None)), None)
+        if bad is not None:
+            raise BatchError(f"{where}.host[{bad}]", "each port row names exactly one of 'host' or 'switch'")
+        return
+    key, col = ("host", hosts) if hosts is not None else ("switch", switches)
+    if None in col:
+        raise BatchError(f"{where}.{key}[{col.index(None)}]", f"must name the port's {key}, got null")
 
 
 def _clean_strings(col: list, where: str, batch: Batch) -> list:

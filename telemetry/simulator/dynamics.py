@@ -59,9 +59,14 @@ class Tick:
         return self.time.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
     def body(self, batch: dict) -> dict:
-        """The ingest request body for one rack's batch."""
-        body = {"time": self.iso, "gpus": batch["gpus"], "migs": [], "ports": batch["ports"],
-                "power": batch["power"]}
+        """The ingest request body for one rack's batch, in the API's columnar form (docs/ingest.md).
+
+        Columns, not a record per entity: at 16,384 GPUs and 65,536 ports a tick is a third of
+        the bytes, and the server validates a column at a time instead of a record at a time
+        (rows form: ~0.8 s of the server's one Python thread per tick, columns: a fraction).
+        """
+        body = {"time": self.iso, "gpus": columns(batch["gpus"]), "migs": [], "ports": columns(batch["ports"]),
+                "power": columns(batch["power"])}
         if batch.get("events"):
             body["events"] = batch["events"]
         return body
@@ -69,6 +74,21 @@ class Tick:
     def records(self, kind: str) -> list[dict]:
         """Every record of `kind` ("gpus", "ports" or "power") across the racks."""
         return [r for b in self.batches for r in b[kind]]
+
+
+def columns(records: list[dict]) -> dict | list:
+    """Records of one kind ({identity keys…, "fields": {…}}) as one object of equal-length columns.
+
+    An identity key or field a record lacks is null on its row, which the API reads as "not
+    reported", exactly as the missing key in the record form. No records: an empty list.
+    """
+    if not records:
+        return []
+    keys = list(dict.fromkeys(k for r in records for k in r if k != "fields"))
+    names = list(dict.fromkeys(f for r in records for f in r["fields"]))
+    out: dict = {k: [r.get(k) for r in records] for k in keys}
+    out["fields"] = {f: [r["fields"].get(f) for r in records] for f in names}
+    return out
 
 
 class Cluster:

@@ -254,6 +254,29 @@ def test_columnar_future_rows_rejected(post):
     assert _count("telemetry_gpu_sample") == 1
 
 
+def test_columnar_ports_name_a_host_or_a_switch_per_row(post):
+    """A rack's HCA ports and its switches' ports may share one frame: each row names one owner."""
+    ports = {"host": ["ib-host-1", None, "ib-host-1"], "switch": [None, "no-such-leaf", None],
+             "port": ["mlx5_0/1", "p1", "mlx5_1/1"], "time": T0.isoformat(), "fields": {"symbol_errors": [0, 0, 3]}}
+    resp = post({"ports": ports})
+    assert resp.status_code == 200, resp.content
+    # The switch row names a switch nobody imported: rejected per sample, the host rows are stored.
+    assert resp.json()["accepted"] == 2 and resp.json()["rejected"] == 1
+    assert "no-such-leaf" in resp.json()["rejections"][0]["reason"]
+    assert _count("telemetry_port_sample") == 2
+
+    both = post({"ports": {**ports, "switch": [None, "no-such-leaf", "leaf-1"]}})
+    assert both.status_code == 400 and both.json()["error"]["where"] == "$.ports.host[2]"
+    neither = post({"ports": {**ports, "host": ["ib-host-1", None, None]}})
+    assert neither.status_code == 400 and neither.json()["error"]["where"] == "$.ports.host[2]"
+    no_owner = post({"ports": {"port": ["p1"], "time": T0.isoformat(), "fields": {"symbol_errors": [0]}}})
+    assert no_owner.status_code == 400 and "owner" in no_owner.json()["error"]["message"]
+    host_null = post({"ports": {"host": ["ib-host-1", None], "port": ["a", "b"], "time": T0.isoformat(),
+                                "fields": {"symbol_errors": [0, 0]}}})
+    assert host_null.status_code == 400 and host_null.json()["error"]["where"] == "$.ports.host[1]"
+    assert _count("telemetry_port_sample") == 2  # nothing from the refused batches
+
+
 def test_rebuild_latest_refills_an_emptied_table(post, monkeypatch):
     from django.utils import timezone
 

@@ -274,7 +274,7 @@ def test_client_retries_a_503_and_sends_gzip_json():
         client.close()
         server.shutdown()
     assert (summary.requests, summary.failed, summary.retries, summary.accepted) == (2, 0, 1, 10)
-    assert sorted(len(b["gpus"]) for b in _Receiver.bodies) == [64, 64]
+    assert sorted(len(b["gpus"]["uuid"]) for b in _Receiver.bodies) == [64, 64]  # columnar: one uuid per GPU
 
 
 def test_runner_waits_for_a_server_that_is_not_up():
