@@ -433,16 +433,27 @@ def _evaluate_rule(rule: Rule, now: datetime, counts: dict) -> None:
     counts["resolved"] += len(out.resolved)
 
 
-def run_evaluation(now: datetime) -> dict:
+class EvaluationBusy(Exception):
+    """Another evaluation holds the lifecycle lock (run_evaluation with wait=False)."""
+
+
+def run_evaluation(now: datetime, *, wait: bool = True) -> dict:
     """Evaluate every enabled rule (and resolve the alerts of disabled or deleted ones), one evaluator at a
-    time. Returns {rules, fired, resolved, errors, ms}."""
+    time. Returns {rules, fired, resolved, errors, ms}.
+
+    With wait=False, raises EvaluationBusy instead of waiting for a running evaluation: a Celery
+    worker slot blocked on that lock is a slot that rollups and deliveries cannot use.
+    """
     from alerts.actions import clear_evaluation_flag
 
-    clear_evaluation_flag()  # before reading: a commit from now on queues the next run (alerts.actions)
     t0 = time.perf_counter()
     counts = {"rules": 0, "fired": 0, "resolved": 0, "errors": 0}
     with transaction.atomic():
-        lock_lifecycle()
+        if not lock_lifecycle(wait=wait):
+            raise EvaluationBusy
+        # Cleared once we hold the lock and before reading: a commit from now on queues the next run
+        # (alerts.actions); one that came earlier is read by this run.
+        clear_evaluation_flag()
         open_states = [AlertState.FIRING, AlertState.ACKNOWLEDGED]
         rules = Rule.objects.filter(Q(enabled=True) | Q(alerts__state__in=open_states)).distinct()
         for rule in rules:

@@ -80,10 +80,17 @@ class Outcome:
         return self.fired + self.merged + self.resolved
 
 
-def lock_lifecycle() -> None:
-    """Take the lifecycle's advisory lock until the end of the current transaction."""
+def lock_lifecycle(*, wait: bool = True) -> bool:
+    """Take the lifecycle's advisory lock until the end of the current transaction.
+
+    With wait=False, returns False at once when another transaction holds it.
+    """
     with connection.cursor() as cur:
+        if not wait:
+            cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(LIFECYCLE_LOCK))
+            return cur.fetchone()[0]
         cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", list(LIFECYCLE_LOCK))
+        return True
 
 
 def do_apply_observations(rule: Rule | None, observations: list[Observation], now: datetime, *,

@@ -6,12 +6,27 @@ from celery import shared_task
 from django.utils import timezone
 
 
-@shared_task(name="alerts.tasks.evaluate", acks_late=True)
-def evaluate() -> dict:
-    """Evaluate every enabled rule now (triggered by ingest after commit, and by beat as a backstop)."""
-    from alerts.evaluation import run_evaluation
+BUSY_RETRY_S = 1.0  # an ingest-triggered evaluation that finds one running tries again this much later
 
-    return run_evaluation(timezone.now())
+
+@shared_task(name="alerts.tasks.evaluate", acks_late=True)
+def evaluate(backstop: bool = False) -> dict:
+    """Evaluate every enabled rule now (triggered by ingest after commit, and by beat as a backstop).
+
+    Evaluations never wait for each other in a worker slot. When one is running, beat's backstop is
+    dropped (the running pass covers it), and an ingest-triggered run is queued again for a moment
+    later: the running pass may have read before the commit that queued it. The trigger flag stays
+    set meanwhile, so further commits add nothing to the queue (alerts.actions.schedule_evaluation).
+    """
+    from alerts.evaluation import EvaluationBusy, run_evaluation
+
+    try:
+        return run_evaluation(timezone.now(), wait=False)
+    except EvaluationBusy:
+        if backstop:
+            return {"skipped": "an evaluation is running"}
+        evaluate.apply_async(countdown=BUSY_RETRY_S)
+        return {"deferred_s": BUSY_RETRY_S}
 
 
 @shared_task(name="alerts.tasks.flush_groups", acks_late=True)

@@ -172,6 +172,40 @@ def test_schedule_evaluation_queues_one_run_until_evaluation_starts(queue):
     assert [t for t, _ in queue()] == ["alerts.tasks.evaluate"] * 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_evaluation_never_waits_in_a_worker_slot_for_another(queue):
+    """A worker slot blocked on the lifecycle lock is one rollups cannot use: busy means defer or drop."""
+    import psycopg
+
+    from alerts import tasks
+    from alerts.lifecycle import LIFECYCLE_LOCK
+
+    schedule_evaluation()  # the trigger flag is set and one run is queued
+    held = psycopg.connect(_dsn())
+    try:
+        held.execute("SELECT pg_advisory_xact_lock(%s, %s)", list(LIFECYCLE_LOCK))  # a running evaluation
+        assert tasks.evaluate(backstop=True) == {"skipped": "an evaluation is running"}
+        assert tasks.evaluate() == {"deferred_s": tasks.BUSY_RETRY_S}
+        # Queued again for after the running pass; the flag stays set, so commits queue nothing more.
+        assert [t for t, _ in queue()] == ["alerts.tasks.evaluate"] * 2
+        schedule_evaluation()
+        assert len(queue()) == 2
+    finally:
+        held.rollback()
+        held.close()
+    counts = tasks.evaluate()
+    assert counts["errors"] == 0 and "ms" in counts
+    schedule_evaluation()  # the run cleared the flag: the next commit queues one more
+    assert len(queue()) == 3
+
+
+def _dsn() -> str:
+    from django.db import connection as conn
+
+    params = conn.get_connection_params()
+    return " ".join(f"{k}={v}" for k, v in params.items() if k in ("host", "port", "user", "password", "dbname"))
+
+
 def test_evaluation_flag_is_per_queue():
     assert evaluation_flag_key().startswith(settings.CELERY_TASK_DEFAULT_QUEUE + ":")
 
