@@ -5,7 +5,6 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-
 BUSY_RETRY_S = 1.0  # an ingest-triggered evaluation that finds one running tries again this much later
 
 

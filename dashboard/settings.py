@@ -173,7 +173,9 @@ CELERY_BEAT_SCHEDULE = {
                               "kwargs": {"missing_only": True}},
     # Alerts are evaluated on ingest; this backstop resolves alerts whose entity went quiet and ends
     # for-durations when no batch arrives. Groups flush on their own schedule; the sweep redelivers.
-    "alerts-evaluate": {"task": "alerts.tasks.evaluate", "schedule": timedelta(seconds=10), "kwargs": {"backstop": True}},
+    "alerts-evaluate": {
+        "task": "alerts.tasks.evaluate", "schedule": timedelta(seconds=10), "kwargs": {"backstop": True},
+    },
     "alerts-flush": {"task": "alerts.tasks.flush_groups", "schedule": timedelta(seconds=5)},
     "alerts-sweep": {"task": "alerts.tasks.sweep_outbox", "schedule": timedelta(seconds=15)},
     # Usage metering: complete hours from the ledger and the rollups, plus the last few hours again (tenancy).

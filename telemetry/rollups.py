@@ -55,6 +55,11 @@ COUNTER_LOOKBACK = timedelta(minutes=5)
 # Buckets per transaction: a long backlog commits progress every slice instead of holding one
 # huge transaction (an hour of 1m buckets for 16k GPUs is ~6M raw rows).
 SLICE_BUCKETS: dict[str, int] = {"1m": 60, "1h": 24}
+# How often the still-open buckets are recomputed for fresh reads. The open hour is read only by
+# charts spanning days, where a last point 5 minutes behind does not show; recomputing it on every
+# 30 s pass cost a third of all rollup time at 16,384 GPUs (16k GPU + 65k port rows each pass).
+# A new open bucket is always computed at once, and a closing one is finalised by the watermark.
+OPEN_REFRESH: dict[str, timedelta] = {"1m": timedelta(0), "1h": timedelta(minutes=5)}
 # Stop catching up after this long so a beat tick never runs into the next; the rest of a
 # backlog is picked up by the next pass.
 RUN_BUDGET_SECONDS = 20.0
@@ -258,7 +263,8 @@ def _run_one(r: Rollup, now: datetime, deadline: float) -> RollupRun:
     3. Roll up at most `SLICE_BUCKETS` buckets from the watermark and advance the watermark in
        the same transaction, so rows and watermark commit together or not at all.
     4. Once caught up, recompute the buckets from the watermark to the one holding `now` so
-       recent reads are fresh, without moving the watermark: those buckets may still grow.
+       recent reads are fresh, without moving the watermark: those buckets may still grow. A 1h
+       rollup does this at most every `OPEN_REFRESH` within one open hour.
     5. If the run budget is spent first, stop; the next pass continues from the watermark.
     """
     rows = slices = 0
@@ -269,19 +275,31 @@ def _run_one(r: Rollup, now: datetime, deadline: float) -> RollupRun:
                 return RollupRun(r.name, rows, ms, slices, skipped=True)
             mark = _watermark(r, now)
             edge = _final_edge(r, now, mark)
-            if mark.done_until < edge:
+            caught_up = mark.done_until >= edge
+            if not caught_up:
                 end = min(edge, mark.done_until + r.interval * SLICE_BUCKETS[r.resolution])
             else:
                 end = floor_bucket(now, r.interval) + r.interval
+                if _open_is_fresh(r, mark, now):
+                    return RollupRun(r.name, rows, ms, slices, done_until=mark.done_until)
+                mark.open_refreshed_at = now
             n, took = _execute(r, mark.done_until, end)
             rows, ms, slices = rows + n, ms + took, slices + 1
-            caught_up = mark.done_until >= edge
             if not caught_up:
                 mark.done_until = end
             mark.last_rows, mark.last_ms = rows, ms
-            mark.save(update_fields=["done_until", "last_rows", "last_ms", "updated"])
+            mark.save(update_fields=["done_until", "last_rows", "last_ms", "open_refreshed_at", "updated"])
         if caught_up or monotonic() > deadline:
             return RollupRun(r.name, rows, ms, slices, done_until=mark.done_until)
+
+
+def _open_is_fresh(r: Rollup, mark: RollupWatermark, now: datetime) -> bool:
+    """Whether the open buckets were recomputed recently enough (`OPEN_REFRESH`) to skip this pass."""
+    last = mark.open_refreshed_at
+    if last is None or not OPEN_REFRESH[r.resolution]:
+        return False
+    same_bucket = floor_bucket(last, r.interval) == floor_bucket(now, r.interval)
+    return same_bucket and timedelta(0) <= now - last < OPEN_REFRESH[r.resolution]
 
 
 def _try_lock(r: Rollup) -> bool:

@@ -97,7 +97,9 @@ def list_change(sub: dict, tick: str | None = None) -> dict | None:
     """The job list's message for this pass, recording what it sends."""
     sent: Sent = sub["sent"]
     key = ("list", tuple(sorted(sub["filters"].items())), sub["limit"], sub["offset"])
-    data = _shared.get(key, tick, lambda: job_list(**sub["filters"], limit=sub["limit"], offset=sub["offset"], now=now()))
+    data = _shared.get(
+        key, tick, lambda: job_list(**sub["filters"], limit=sub["limit"], offset=sub["offset"], now=now())
+    )
     msg = list_diff(sent.rows, sent.order, sent.total, data, full=sent.full)
     sent.rows = {row["key"]: row for row in data["jobs"]}
     sent.order, sent.total = [row["key"] for row in data["jobs"]], data["total"]

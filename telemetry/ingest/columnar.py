@@ -81,7 +81,8 @@ def _port_owners(cols: dict[str, list], where: str) -> None:
     if hosts is None and switches is None:
         raise BatchError(where, "port columns name each port's owner: a 'host' or a 'switch' column")
     if hosts is not None and switches is not None:
-        bad = next((i for i, (h, s) in enumerate(zip(hosts, switches, strict=True)) if (h is None) == (s is None)), None)
+        pairs = enumerate(zip(hosts, switches, strict=True))
+        bad = next((i for i, (h, s) in pairs if (h is None) == (s is None)), None)
         if bad is not None:
             raise BatchError(f"{where}.host[{bad}]", "each port row names exactly one of 'host' or 'switch'")
         return

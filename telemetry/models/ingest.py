@@ -76,6 +76,8 @@ class RollupWatermark(models.Model):
     updated = models.DateTimeField(auto_now=True)
     last_rows = models.IntegerField(default=0)
     last_ms = models.FloatField(default=0)
+    # The `now` of the last recomputation of the open buckets (telemetry.rollups.OPEN_REFRESH).
+    open_refreshed_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.name} until {self.done_until:%Y-%m-%d %H:%M}"

@@ -12,7 +12,7 @@ from django.db import connection
 
 from telemetry import rollups
 from telemetry.models import RollupWatermark
-from telemetry.rollups import BY_NAME, LATE_SAMPLE_GRACE, LOCK_NAMESPACE, run_rollups
+from telemetry.rollups import BY_NAME, LATE_SAMPLE_GRACE, LOCK_NAMESPACE, OPEN_REFRESH, run_rollups
 from tests.telemetry.factories import (
     count_rows,
     fill_gpu_fleet,
@@ -170,8 +170,26 @@ def test_open_bucket_is_refreshed_without_moving_the_watermark():
     row = rollup_row("gpu", "1m", 1, T0 + 5 * MIN)
     assert (row["samples"], row["gpu_util_max"], row["gpu_util_last"]) == (2, 30.0, 30.0)
     assert _mark("gpu_1m") == T0 + 5 * MIN
-    hour = rollup_row("gpu", "1h", 1, T0)  # the open hour is refreshed too
-    assert hour["gpu_util_max"] == 30.0
+    # The open hour was computed on the first pass and is recomputed at most every OPEN_REFRESH.
+    assert rollup_row("gpu", "1h", 1, T0)["gpu_util_max"] == 10.0
+    run_rollups(now + OPEN_REFRESH["1h"] - SEC)
+    assert rollup_row("gpu", "1h", 1, T0)["gpu_util_max"] == 10.0
+    run_rollups(now + OPEN_REFRESH["1h"])
+    assert rollup_row("gpu", "1h", 1, T0)["gpu_util_max"] == 30.0
+    assert _mark("gpu_1h") == T0  # still open: the watermark has not moved
+
+
+@pytest.mark.django_db
+def test_a_new_open_hour_is_computed_at_once_and_the_closed_one_finalised():
+    insert_sample("gpu", 1, T0 + 50 * MIN, gpu_util=10.0)
+    run_rollups(T0 + 58 * MIN)
+    insert_sample("gpu", 1, T0 + 59 * MIN, gpu_util=20.0)
+    insert_sample("gpu", 1, T0 + 61 * MIN, gpu_util=40.0)
+    run_rollups(T0 + 62 * MIN + 30 * SEC)  # 4.5 min after the last refresh, but in the next hour
+    assert rollup_row("gpu", "1h", 1, T0 + 60 * MIN)["gpu_util_max"] == 40.0
+    run_rollups(T0 + 63 * MIN)
+    assert _mark("gpu_1h") == T0 + 60 * MIN
+    assert rollup_row("gpu", "1h", 1, T0)["gpu_util_max"] == 20.0  # the closed hour holds its last sample
 
 
 @pytest.mark.django_db
