@@ -21,13 +21,7 @@ from tenancy.scoping import is_operator
 
 logger = logging.getLogger(__name__)
 MEMO_MAX_KEYS = 512  # distinct reads kept per process (pages × subscriptions); beyond it, start afresh
-_MEMOS: weakref.WeakSet = weakref.WeakSet()
-
-
-def clear_tick_memos() -> None:
-    """Forget every shared read (tests: one test's ticks must not answer the next test's pages)."""
-    for memo in list(_MEMOS):
-        memo._memo.clear()
+_MEMOS: weakref.WeakSet = weakref.WeakSet()  # every TickMemo of the process, for clear_tick_memos
 
 # Application close codes (4000-4999 are free for applications): not signed in; signed in but not allowed.
 CLOSE_UNAUTHENTICATED = 4401
@@ -80,6 +74,15 @@ class TickMemo:
                 self._memo.clear()
             self._memo[key] = (tick, value)
         return value
+
+    def clear(self) -> None:
+        self._memo.clear()
+
+
+def clear_tick_memos() -> None:
+    """Forget every shared read (tests: one test's ticks must not answer the next test's pages)."""
+    for memo in list(_MEMOS):
+        memo.clear()
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
