@@ -1,11 +1,17 @@
-"""A worker child hands freed heap pages back after a heavy task (dashboard/celery.py)."""
+"""Worker memory (dashboard/celery.py): children hand freed heap pages back after every task, and the
+scientific stack is loaded once in the pool's parent rather than separately in each child."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
-from dashboard.celery import HEAVY_TASKS, _trim_after_heavy_tasks
+from dashboard.celery import _trim_after_task
+
+REPO = Path(__file__).resolve().parents[2]
 
 PROBE = r"""
 import sys
@@ -32,18 +38,50 @@ def test_release_freed_memory_returns_the_heap_pages_to_the_os():
     assert before - after > 100_000, (before, after)  # kB: most of the ~200 MB freed
 
 
-def test_only_heavy_tasks_trim(monkeypatch):
+def test_every_task_trims(monkeypatch):
     from dashboard import celery as app_module
 
     calls = []
     monkeypatch.setattr(app_module, "release_freed_memory", lambda: calls.append(1) or True)
 
     class Task:
-        def __init__(self, name):
-            self.name = name
+        name = "alerts.tasks.flush_groups"
 
-    _trim_after_heavy_tasks(sender=Task("alerts.tasks.flush_groups"))
-    assert calls == []
-    for name in sorted(HEAVY_TASKS):
-        _trim_after_heavy_tasks(sender=Task(name))
-    assert len(calls) == len(HEAVY_TASKS)
+    _trim_after_task(sender=Task())
+    _trim_after_task(sender=None)
+    assert len(calls) == 2
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _maps_sklearn(pid: int) -> bool:
+    return "/sklearn/" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_pool_children_inherit_the_scientific_stack_before_their_first_task():
+    """A real prefork worker on a queue nobody sends to: its children have run no task, yet scikit-learn's
+    compiled modules are already mapped in them (inherited from the parent), so a child's first scoring
+    pass adds no import of its own."""
+    queue = f"bw-test-preload-{os.getpid()}-{time.monotonic_ns()}"
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "celery"), "-A", "dashboard", "worker", "--concurrency", "2", "-Q", queue,
+         "--without-heartbeat", "--without-gossip", "--without-mingle", "-n", f"{queue}@%h", "-l", "WARNING"],
+        cwd=REPO, env={**os.environ, "LOG_LEVEL": "WARNING"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(kids := _children(proc.pid)) < 2:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the worker started no pool children within 60 s"
+            time.sleep(0.2)
+        assert _maps_sklearn(proc.pid)
+        assert all(_maps_sklearn(k) for k in kids), kids
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
