@@ -444,9 +444,9 @@ def run_evaluation(now: datetime, *, wait: bool = True) -> dict:
     With wait=False, raises EvaluationBusy instead of waiting for a running evaluation: a Celery
     worker slot blocked on that lock is a slot that rollups and deliveries cannot use.
     """
-    from alerts.actions import clear_evaluation_flag
+    from alerts.actions import clear_evaluation_flag, record_evaluation
 
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     counts = {"rules": 0, "fired": 0, "resolved": 0, "errors": 0}
     with transaction.atomic():
         if not lock_lifecycle(wait=wait):
@@ -462,5 +462,6 @@ def run_evaluation(now: datetime, *, wait: bool = True) -> dict:
         # A hold is only meaningful while its rule is evaluated: re-enabled, a rule starts its holds afresh.
         RulePending.objects.filter(Q(rule__enabled=False) | Q(rule__for_seconds=0)).delete()
     counts["ms"] = round((time.perf_counter() - t0) * 1000, 1)
+    record_evaluation(started, counts["ms"] / 1000)
     logger.info("alert rules evaluated: %s", counts)
     return counts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
@@ -13,7 +13,15 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from alerts.actions import clear_evaluation_flag, evaluation_flag_key, schedule_evaluation
+from alerts.actions import (
+    MAX_PACING_S,
+    PACE,
+    clear_evaluation_flag,
+    evaluation_flag_key,
+    pacing_key,
+    record_evaluation,
+    schedule_evaluation,
+)
 from alerts.lifecycle import (
     Observation,
     do_ack_alert,
@@ -147,8 +155,9 @@ def queue():
             out.append((msg["headers"]["task"], msg["headers"].get("argsrepr", "")))
         return out
 
+    client.delete(pacing_key())
     yield tasks
-    client.delete(name)
+    client.delete(name, pacing_key())
     clear_evaluation_flag()
 
 
@@ -204,6 +213,46 @@ def _dsn() -> str:
 
     params = conn.get_connection_params()
     return " ".join(f"{k}={v}" for k, v in params.items() if k in ("host", "port", "user", "password", "dbname"))
+
+
+def _etas(queue_name: str) -> list[float | None]:
+    """Seconds from now until each queued message is due (None: due at once), newest first (kombu LPUSHes)."""
+    out = []
+    for raw in redis.Redis.from_url(settings.REDIS_URL).lrange(queue_name, 0, -1):
+        eta = json.loads(raw)["headers"].get("eta")
+        out.append(None if eta is None else (datetime.fromisoformat(eta) - datetime.now(UTC)).total_seconds())
+    return out
+
+
+def test_triggered_evaluations_are_paced_by_the_last_ones_duration(queue):
+    """A pass that took 1 s and started just now: the next triggered run is due ~2 s after it started,
+    so evaluation takes at most about half a worker slot; an old or short pass delays nothing."""
+    import time as clock
+
+    record_evaluation(clock.time(), 1.0)
+    schedule_evaluation()
+    [delay] = _etas(settings.CELERY_TASK_DEFAULT_QUEUE)
+    assert delay is not None and 1.5 < delay <= PACE * 1.0 + 0.1
+    clear_evaluation_flag()
+    record_evaluation(clock.time() - 60, 1.0)  # long ago
+    schedule_evaluation()
+    assert _etas(settings.CELERY_TASK_DEFAULT_QUEUE)[0] is None
+    clear_evaluation_flag()
+    record_evaluation(clock.time(), 30.0)  # a pathological pass: the wait is capped
+    schedule_evaluation()
+    assert _etas(settings.CELERY_TASK_DEFAULT_QUEUE)[0] <= MAX_PACING_S + 0.1
+
+
+def test_an_evaluation_records_its_duration_for_pacing(db):
+    from alerts.evaluation import run_evaluation
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(pacing_key())
+    counts = run_evaluation(datetime.now(UTC))
+    started, duration = map(float, client.get(pacing_key()).split())
+    assert abs(duration * 1000 - counts["ms"]) < 1
+    assert abs(started - datetime.now(UTC).timestamp()) < 30
+    client.delete(pacing_key())
 
 
 def test_evaluation_flag_is_per_queue():

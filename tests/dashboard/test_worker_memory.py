@@ -1,5 +1,6 @@
-"""Worker memory (dashboard/celery.py): children hand freed heap pages back after every task, and the
-scientific stack is loaded once in the pool's parent rather than separately in each child."""
+"""Worker memory (dashboard/celery.py): children hand freed heap pages back (after heavy tasks, and at
+least every 30 s), and the scientific stack is loaded once in the pool's parent rather than separately in each
+child."""
 
 from __future__ import annotations
 
@@ -38,18 +39,30 @@ def test_release_freed_memory_returns_the_heap_pages_to_the_os():
     assert before - after > 100_000, (before, after)  # kB: most of the ~200 MB freed
 
 
-def test_every_task_trims(monkeypatch):
+def test_heavy_tasks_trim_at_once_and_others_at_most_every_30_s(monkeypatch):
     from dashboard import celery as app_module
 
-    calls = []
+    calls, clock = [], [1000.0]
     monkeypatch.setattr(app_module, "release_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(app_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(app_module, "_last_trim", [0.0])
 
     class Task:
-        name = "alerts.tasks.flush_groups"
+        def __init__(self, name):
+            self.name = name
 
-    _trim_after_task(sender=Task())
-    _trim_after_task(sender=None)
-    assert len(calls) == 2
+    light = Task("alerts.tasks.flush_groups")
+    _trim_after_task(sender=light)  # the child's first task: never trimmed before
+    _trim_after_task(sender=light)
+    clock[0] += app_module.TRIM_EVERY_S - 1
+    _trim_after_task(sender=light)
+    assert len(calls) == 1
+    for name in sorted(app_module.HEAVY_TASKS):
+        _trim_after_task(sender=Task(name))
+    assert len(calls) == 1 + len(app_module.HEAVY_TASKS)
+    clock[0] += app_module.TRIM_EVERY_S
+    _trim_after_task(sender=light)
+    assert len(calls) == 2 + len(app_module.HEAVY_TASKS)
 
 
 def _children(pid: int) -> list[int]:
