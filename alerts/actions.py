@@ -12,10 +12,10 @@ debounced through Redis:
    evaluation for longer than that; the beat's evaluate every 10 s is the backstop;
 4. a triggered run starts no sooner than PACE times its predecessor's duration after that one started
    (at most MAX_PACING_S later): evaluation takes at most about half a worker slot however fast commits
-   come. At 2,048 GPUs a pass takes ~0.1 s, so the pacing is ~0.1 s; at 16k GPUs a pass takes ~1 s and
-   commits arrive all through each 10 s tick, so unpaced runs went back to back (75 a minute, 35-55 s of a
-   worker's minute), and the 2-core soak fell behind on ingest. Each commit still reaches a run at most
-   about one pass later, which keeps fault-to-page well inside its 5 s target.
+   come. On bench/fault_to_page's 176 GPUs a pass took 0.05 s, so the pacing is ~0.1 s. At 16k GPUs a
+   pass takes ~1 s and commits arrive all through each 10 s tick, so unpaced runs went back to back (75 a
+   minute, 35-55 s of a worker's minute), and the 2-core soak fell behind on ingest. Each commit still
+   reaches a run at most about one pass later, which keeps fault-to-page well inside its 5 s target.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ def record_evaluation(started: float, duration_s: float) -> None:
 def pacing_delay(now: float) -> float:
     """Seconds the next triggered evaluation should wait (0 when the last one is long enough ago)."""
     raw = _redis().get(pacing_key())
-    if not raw:
+    try:
+        started, duration = map(float, raw.split())
+    except (AttributeError, ValueError):  # none recorded yet (or not ours to read): no pacing
         return 0.0
-    started, duration = map(float, raw.split())
     return min(MAX_PACING_S, max(0.0, started + PACE * duration - now))
 
 
@@ -83,7 +84,7 @@ def schedule_evaluation() -> None:
     try:
         from alerts.tasks import evaluate
 
-        evaluate.apply_async(countdown=delay) if delay >= 0.01 else evaluate.apply_async()
+        evaluate.apply_async(countdown=delay if delay >= 0.01 else None)
     except Exception:
         logger.exception("alert evaluation not scheduled (broker)")
         clear_evaluation_flag()

@@ -243,6 +243,12 @@ def test_triggered_evaluations_are_paced_by_the_last_ones_duration(queue):
     assert _etas(settings.CELERY_TASK_DEFAULT_QUEUE)[0] <= MAX_PACING_S + 0.1
 
 
+def test_an_unreadable_pacing_record_delays_nothing(queue):
+    redis.Redis.from_url(settings.REDIS_URL).set(pacing_key(), "not two numbers")
+    schedule_evaluation()
+    assert _etas(settings.CELERY_TASK_DEFAULT_QUEUE) == [None]
+
+
 def test_an_evaluation_records_its_duration_for_pacing(db):
     from alerts.evaluation import run_evaluation
 
