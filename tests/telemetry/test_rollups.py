@@ -79,6 +79,19 @@ def test_counter_step_from_previous_minute_is_found_across_a_quiet_minute():
 
 
 @pytest.mark.django_db
+def test_a_pass_steps_from_the_last_closed_minute_without_its_raw_rows():
+    # A pass starting at the watermark takes each counter's previous reading from the closed minute's
+    # `_last`, so the raw rows behind the watermark are not needed (retention may already have dropped them).
+    insert_series("gpu", 1, "pcie_replay", [(T0 + 10 * SEC, 7), (T0 + 50 * SEC, 8), (T0 + 70 * SEC, 12)])
+    run_rollups(T0 + 2 * MIN + 5 * SEC)  # closes 10:00; 10:01 is still open
+    assert _mark("gpu_1m") == T0 + MIN
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM telemetry_gpu_sample WHERE time < %s", [T0 + MIN])
+    run_rollups(T0 + 3 * MIN + 5 * SEC)  # closes 10:01
+    assert [r["pcie_replay_delta"] for r in rollup_rows("gpu", "1m", 1)] == [1.0, 4.0]
+
+
+@pytest.mark.django_db
 def test_hour_rollup_equals_its_minutes_and_the_true_values():
     rng = random.Random(7)
     counter, points, gauges = 1_000, [], []
