@@ -60,6 +60,15 @@ SLICE_BUCKETS: dict[str, int] = {"1m": 60, "1h": 24}
 # 30 s pass cost a third of all rollup time at 16,384 GPUs (16k GPU + 65k port rows each pass).
 # A new open bucket is always computed at once, and a closing one is finalised by the watermark.
 OPEN_REFRESH: dict[str, timedelta] = {"1m": timedelta(0), "1h": timedelta(minutes=5)}
+# The 1m rollup refreshes differently: once a minute, OPEN_SETTLE into it (a tick's samples have
+# committed by then), it recomputes the minutes that ended and are not final yet, and never the
+# minute in progress. Those are what is read before the watermark gets there: fabric rates read
+# the minute that ended 45 s ago (selectors.fabric.RATE_SETTLE; with a pass every 30 s, one lands
+# between 15 and 45 s after the minute ends), the heatmap's ECC hour and multi-hour charts can
+# wait a minute. Recomputing on every pass did each minute about four times (half-full, nearly
+# full, twice ended) before the final pass: at 16,384 GPUs the rollups then took 25-35 s of every
+# minute, the largest single load on the database.
+OPEN_SETTLE = timedelta(seconds=15)
 # Stop catching up after this long so a beat tick never runs into the next; the rest of a
 # backlog is picked up by the next pass.
 RUN_BUDGET_SECONDS = 20.0
@@ -280,9 +289,10 @@ def _run_one(r: Rollup, now: datetime, deadline: float) -> RollupRun:
        watermark.
     3. Roll up at most `SLICE_BUCKETS` buckets from the watermark and advance the watermark in
        the same transaction, so rows and watermark commit together or not at all.
-    4. Once caught up, recompute the buckets from the watermark to the one holding `now` so
-       recent reads are fresh, without moving the watermark: those buckets may still grow. A 1h
-       rollup does this at most every `OPEN_REFRESH` within one open hour.
+    4. Once caught up, recompute the open buckets so recent reads are fresh, without moving the
+       watermark: those buckets may still grow. A 1h rollup recomputes up to the hour holding
+       `now`, at most every `OPEN_REFRESH` within one open hour; a 1m rollup the minutes that
+       ended, once a minute (`OPEN_SETTLE`).
     5. If the run budget is spent first, stop; the next pass continues from the watermark.
     """
     rows = slices = 0
@@ -297,8 +307,8 @@ def _run_one(r: Rollup, now: datetime, deadline: float) -> RollupRun:
             if not caught_up:
                 end = min(edge, mark.done_until + r.interval * SLICE_BUCKETS[r.resolution])
             else:
-                end = floor_bucket(now, r.interval) + r.interval
-                if _open_is_fresh(r, mark, now):
+                end = _open_end(r, mark, now)
+                if end is None:
                     return RollupRun(r.name, rows, ms, slices, done_until=mark.done_until)
                 mark.open_refreshed_at = now
             n, took = _execute(r, mark.done_until, end)
@@ -309,6 +319,18 @@ def _run_one(r: Rollup, now: datetime, deadline: float) -> RollupRun:
             mark.save(update_fields=["done_until", "last_rows", "last_ms", "open_refreshed_at", "updated"])
         if caught_up or monotonic() > deadline:
             return RollupRun(r.name, rows, ms, slices, done_until=mark.done_until)
+
+
+def _open_end(r: Rollup, mark: RollupWatermark, now: datetime) -> datetime | None:
+    """The end of the open buckets this pass recomputes (from the watermark), or None for none."""
+    current = floor_bucket(now, r.interval)
+    if r.resolution != "1m":
+        return None if _open_is_fresh(r, mark, now) else current + r.interval
+    settled = current + OPEN_SETTLE
+    last = mark.open_refreshed_at
+    if current <= mark.done_until or now < settled or (last is not None and settled <= last <= now):
+        return None
+    return current
 
 
 def _open_is_fresh(r: Rollup, mark: RollupWatermark, now: datetime) -> bool:

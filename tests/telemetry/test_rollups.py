@@ -12,7 +12,7 @@ from django.db import connection
 
 from telemetry import rollups
 from telemetry.models import RollupWatermark
-from telemetry.rollups import BY_NAME, LATE_SAMPLE_GRACE, LOCK_NAMESPACE, OPEN_REFRESH, run_rollups
+from telemetry.rollups import BY_NAME, LATE_SAMPLE_GRACE, LOCK_NAMESPACE, OPEN_REFRESH, OPEN_SETTLE, run_rollups
 from tests.telemetry.factories import (
     count_rows,
     fill_gpu_fleet,
@@ -102,7 +102,7 @@ def test_hour_rollup_equals_its_minutes_and_the_true_values():
     insert_samples("gpu", [
         (3, t, {"ecc_sbe_vol": c, "power_w": g}) for (t, c), g in zip(points, gauges, strict=True)
     ])
-    run_rollups(NOW)
+    run_rollups(NOW + OPEN_SETTLE)  # 11:59 ended, and is recomputed once it settled
     truth = sum(b - a if b >= a else b for (_, a), (_, b) in zip(points, points[1:], strict=False))
     minutes = rollup_rows("gpu", "1m", 3)
     hours = rollup_rows("gpu", "1h", 3)
@@ -136,11 +136,12 @@ def test_rerunning_changes_nothing():
 def test_watermark_starts_at_first_data_and_advances_with_now():
     insert_series("gpu", 1, "gpu_util", [(T0 + i * MIN, 1.0) for i in range(30)])
     runs = run_rollups(T0 + 10 * MIN + 30 * SEC)
-    # Final up to the bucket holding now - grace (10:09:30 -> 10:09), open buckets redone.
+    # Final up to the bucket holding now - grace (10:09:30 -> 10:09); the minute that ended is
+    # computed, the one in progress is not.
     assert _mark("gpu_1m") == T0 + 9 * MIN
     assert _run("gpu_1m", runs).done_until == T0 + 9 * MIN
-    assert rollup_row("gpu", "1m", 1, T0 + 10 * MIN) is not None
-    assert rollup_row("gpu", "1m", 1, T0 + 11 * MIN) is None
+    assert rollup_row("gpu", "1m", 1, T0 + 9 * MIN) is not None
+    assert rollup_row("gpu", "1m", 1, T0 + 10 * MIN) is None
     assert _mark("gpu_1h") == T0  # the hour is not over
     run_rollups(T0 + 70 * MIN)
     assert _mark("gpu_1m") == T0 + 69 * MIN
@@ -164,7 +165,7 @@ def test_watermark_without_data_starts_now():
 @pytest.mark.django_db
 def test_long_backlog_is_done_in_bounded_slices():
     insert_series("gpu", 1, "gpu_util", [(T0 + i * MIN, float(i)) for i in range(150)])
-    runs = run_rollups(T0 + 151 * MIN)
+    runs = run_rollups(T0 + 151 * MIN + OPEN_SETTLE)
     gpu = _run("gpu_1m", runs)
     # 150 final buckets at 60 per slice: 3 slices, then one pass over the open buckets.
     assert gpu.slices == 4
@@ -173,18 +174,36 @@ def test_long_backlog_is_done_in_bounded_slices():
 
 
 @pytest.mark.django_db
-def test_open_bucket_is_refreshed_without_moving_the_watermark():
-    now = T0 + 5 * MIN + 30 * SEC
+def test_ended_minutes_are_refreshed_once_they_settle_without_moving_the_watermark():
     insert_sample("gpu", 1, T0 + 5 * MIN + 10 * SEC, gpu_util=10.0)
-    run_rollups(now)
+    run_rollups(T0 + 5 * MIN + 30 * SEC)
     assert _mark("gpu_1m") == T0 + 5 * MIN  # created at the first data; nothing final yet
+    assert rollup_row("gpu", "1m", 1, T0 + 5 * MIN) is None  # the minute in progress is not computed
     insert_sample("gpu", 1, T0 + 5 * MIN + 20 * SEC, gpu_util=30.0)
-    run_rollups(now)
+    run_rollups(T0 + 6 * MIN + OPEN_SETTLE - SEC)  # ended, but its last samples may still be arriving
+    assert rollup_row("gpu", "1m", 1, T0 + 5 * MIN) is None
+    run_rollups(T0 + 6 * MIN + OPEN_SETTLE)
     row = rollup_row("gpu", "1m", 1, T0 + 5 * MIN)
     assert (row["samples"], row["gpu_util_max"], row["gpu_util_last"]) == (2, 30.0, 30.0)
     assert _mark("gpu_1m") == T0 + 5 * MIN
+    # Once a minute: a sample later still waits for the final pass, which counts it.
+    insert_sample("gpu", 1, T0 + 5 * MIN + 50 * SEC, gpu_util=40.0)
+    run_rollups(T0 + 6 * MIN + 45 * SEC)
+    assert rollup_row("gpu", "1m", 1, T0 + 5 * MIN)["samples"] == 2
+    run_rollups(T0 + 7 * MIN + 5 * SEC)
+    assert _mark("gpu_1m") == T0 + 6 * MIN
+    assert rollup_row("gpu", "1m", 1, T0 + 5 * MIN)["samples"] == 3
+
+
+@pytest.mark.django_db
+def test_open_hour_is_refreshed_at_most_every_open_refresh():
+    insert_sample("gpu", 1, T0 + 5 * MIN + 10 * SEC, gpu_util=10.0)
+    now = T0 + 6 * MIN + OPEN_SETTLE
+    run_rollups(now)
     # The open hour was computed on the first pass and is recomputed at most every OPEN_REFRESH.
     assert rollup_row("gpu", "1h", 1, T0)["gpu_util_max"] == 10.0
+    insert_sample("gpu", 1, T0 + 6 * MIN + 10 * SEC, gpu_util=30.0)
+    run_rollups(T0 + 8 * MIN)  # closes 10:06 in the 1m rollup
     run_rollups(now + OPEN_REFRESH["1h"] - SEC)
     assert rollup_row("gpu", "1h", 1, T0)["gpu_util_max"] == 10.0
     run_rollups(now + OPEN_REFRESH["1h"])
