@@ -66,9 +66,12 @@ def test_harness_writes_raw_and_rollup_rows_at_simulated_times():
     times = _count("SELECT count(DISTINCT time) FROM telemetry_gpu_sample WHERE time BETWEEN %s AND %s",
                    START, result.end)
     assert times == 7 and _count("SELECT count(*) FROM telemetry_gpu_sample") == 7 * 16
-    # Rolled up as of the simulated clock: a 1-minute bucket per simulated minute so far, none beyond.
-    buckets = _count("SELECT count(DISTINCT bucket) FROM telemetry_gpu_sample_1m WHERE bucket >= %s", START)
-    assert buckets == 4 and _count("SELECT max(bucket) FROM telemetry_port_sample_1m") is not None
+    # Rolled up as of the simulated clock: at 12:03:00 the minutes up to 12:01 are final, 12:02 has just
+    # ended (it is recomputed 15 s in, telemetry.rollups.OPEN_SETTLE) and 12:03 is in progress.
+    with connection.cursor() as cur:
+        cur.execute("SELECT DISTINCT bucket FROM telemetry_gpu_sample_1m WHERE bucket >= %s ORDER BY 1", [START])
+        assert [b for (b,) in cur.fetchall()] == [START, START + MIN]
+    assert _count("SELECT max(bucket) FROM telemetry_port_sample_1m") == START + MIN
     assert calls == [START + k * MIN for k in range(4)]  # once per simulated minute, after that minute's rollup
     job = Job.objects.get(external_id=f"sim-{result.truth[0]['entity']}")  # through the jobs endpoint's action
     steps = TrainingStep.objects.filter(job=job)  # through the training endpoint's parser and action
