@@ -55,11 +55,11 @@ COUNTER_LOOKBACK = timedelta(minutes=5)
 # Buckets per transaction: a long backlog commits progress every slice instead of holding one
 # huge transaction (an hour of 1m buckets for 16k GPUs is ~6M raw rows).
 SLICE_BUCKETS: dict[str, int] = {"1m": 60, "1h": 24}
-# How often the still-open buckets are recomputed for fresh reads. The open hour is read only by
-# charts spanning days, where a last point 5 minutes behind does not show; recomputing it on every
-# 30 s pass cost a third of all rollup time at 16,384 GPUs (16k GPU + 65k port rows each pass).
-# A new open bucket is always computed at once, and a closing one is finalised by the watermark.
-OPEN_REFRESH: dict[str, timedelta] = {"1m": timedelta(0), "1h": timedelta(minutes=5)}
+# How often the open hour is recomputed for fresh reads. It is read only by charts spanning days,
+# where a last point 5 minutes behind does not show; recomputing it on every 30 s pass cost a third
+# of all rollup time at 16,384 GPUs (16k GPU + 65k port rows each pass). A new open hour is always
+# computed at once, and a closing one is finalised by the watermark.
+OPEN_REFRESH: dict[str, timedelta] = {"1h": timedelta(minutes=5)}
 # The 1m rollup refreshes differently: once a minute, OPEN_SETTLE into it (a tick's samples have
 # committed by then), it recomputes the minutes that ended and are not final yet, and never the
 # minute in progress. Those are what is read before the watermark gets there: fabric rates read
@@ -336,7 +336,7 @@ def _open_end(r: Rollup, mark: RollupWatermark, now: datetime) -> datetime | Non
 def _open_is_fresh(r: Rollup, mark: RollupWatermark, now: datetime) -> bool:
     """Whether the open buckets were recomputed recently enough (`OPEN_REFRESH`) to skip this pass."""
     last = mark.open_refreshed_at
-    if last is None or not OPEN_REFRESH[r.resolution]:
+    if last is None:
         return False
     same_bucket = floor_bucket(last, r.interval) == floor_bucket(now, r.interval)
     return same_bucket and timedelta(0) <= now - last < OPEN_REFRESH[r.resolution]
