@@ -12,18 +12,20 @@ What a bucket holds, per field kind (`telemetry.models.samples` names the column
   the 1m averages weighted by their ``samples``.
 - counter: ``<f>_delta`` and ``<f>_last``. The delta sums each step between consecutive
   non-NULL readings; a drop is a reset, and the new reading counts from zero. The first reading
-  of a bucket steps from the last reading before it (looked up within `COUNTER_LOOKBACK`), so
-  the 1m deltas of an hour add up to the counter's true increase over that hour.
+  of a bucket steps from the last reading before it (looked up within `COUNTER_LOOKBACK`, in the
+  closed minutes' ``<f>_last``), so the 1m deltas of an hour add up to the counter's true increase
+  over that hour.
 - state: ``<f>_or`` (bit_or) and ``<f>_last``.
 
 ``last`` is the newest non-NULL value in the bucket (TimescaleDB's ``last()``, which the Apache
 edition ships). NULL readings mean "not reported" and are skipped everywhere.
 
-Late samples: a 1m bucket is final once it ended more than `LATE_SAMPLE_GRACE` ago; until then it
-is recomputed on every pass, so samples up to that late are counted. A sample that arrives for a
-bucket the watermark has already passed is stored in the raw table but NOT rolled up again:
-redoing closed buckets on every pass would cost a scan of everything, and a collector that lags
-more than the grace is a collector problem that ingest logs show. A 1h bucket is final once the
+Late samples: a 1m bucket is final once it ended more than `LATE_SAMPLE_GRACE` ago; before that it
+is computed once it has settled (`OPEN_SETTLE`), and the final pass counts samples up to that
+late. A sample that arrives for a bucket the watermark has already passed is stored in the raw
+table but NOT rolled up again: redoing closed buckets on every pass would cost a scan of
+everything, and a collector that lags more than the grace is a collector problem that ingest logs
+show. A 1h bucket is final once the
 1m watermark has passed its end.
 """
 
@@ -324,7 +326,7 @@ def _run_one(r: Rollup, now: datetime, deadline: float) -> RollupRun:
 def _open_end(r: Rollup, mark: RollupWatermark, now: datetime) -> datetime | None:
     """The end of the open buckets this pass recomputes (from the watermark), or None for none."""
     current = floor_bucket(now, r.interval)
-    if r.resolution != "1m":
+    if r.resolution in OPEN_REFRESH:  # the open hour, bucket in progress included
         return None if _open_is_fresh(r, mark, now) else current + r.interval
     settled = current + OPEN_SETTLE
     last = mark.open_refreshed_at
