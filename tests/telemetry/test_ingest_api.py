@@ -333,6 +333,43 @@ def test_rolled_back_batch_does_not_leave_a_missing_stage_behind():
     assert _count("telemetry_gpu_sample") == 2
 
 
+def test_stage_is_emptied_between_batches_of_one_transaction_and_skipped_after_a_commit(monkeypatch):
+    """The writer skips the stage's DELETE once a commit has emptied it, but never inside one
+    transaction: a second batch there would otherwise merge the first one's staged rows again."""
+    import psycopg
+    from django.db import transaction
+
+    from telemetry.ingest.schema import TimeParser, parse_json
+    from telemetry.ingest.writer import write_batch
+
+    def batch(t, util):
+        times = TimeParser(T0, timedelta(minutes=5), timedelta(days=7))
+        return parse_json(json.dumps({"gpus": [_gpu("GPU-1", t=t, gpu_util=util)]}).encode(), times)
+
+    deletes = []
+    execute = psycopg.Cursor.execute
+
+    def counting(cur, query, *args, **kwargs):
+        if str(query).startswith("DELETE FROM bw_stage_gpu"):
+            deletes.append(query)
+        return execute(cur, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
+    write_batch(batch(T0, 1.0), collector="t", fmt="json")  # creates the stage on this connection
+    deletes.clear()
+    with transaction.atomic():
+        write_batch(batch(T0 + timedelta(seconds=10), 2.0), collector="t", fmt="json")
+        write_batch(batch(T0 + timedelta(seconds=10), 3.0), collector="t", fmt="json")  # a re-send, merged
+    assert len(deletes) == 1  # the second batch emptied what the first staged
+    write_batch(batch(T0 + timedelta(seconds=20), 4.0), collector="t", fmt="json")
+    assert len(deletes) == 1  # the commit emptied it: no DELETE
+    with connection.cursor() as cur:
+        cur.execute("SELECT time, gpu_util FROM telemetry_gpu_sample ORDER BY time")
+        assert [v for _, v in cur.fetchall()] == [1.0, 3.0, 4.0]
+        cur.execute("SELECT gpu_util FROM telemetry_gpu_sample_latest")
+        assert cur.fetchall() == [(4.0,)]
+
+
 def test_bmc_power_registers_a_device_for_its_node_but_a_bare_unknown_device_is_rejected(post):
     from telemetry.models import PowerDevice
 
