@@ -3,7 +3,8 @@
 On a scratch database: daphne, a Celery worker (two children, as `./dev up`), Celery beat (rollups, scoring,
 alert evaluation, metering on their production schedules) and the simulator at 16,384 GPUs every 10 s, with
 50 websocket clients subscribed as the fleet, heatmap and job pages are (tests/reliability/soak_lib.py says how
-each figure is measured). After a warm-up it reports, per window:
+each figure is measured). The warm-up trains the first models through the worker (a site has them from its
+tenth minute on) and lasts until they score (`--no-train` leaves that to the beat). Then it reports, per window:
 
 - ingest lag: a tick's last commit − its sample time, p50/p95/max;
 - page-update latency: a commit → the message that reflects it arriving at each client, p95;
@@ -39,6 +40,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--window-minutes", type=float, default=None,
                     help="window for the figures (default 5, or a fifth of a run shorter than 25 minutes)")
     ap.add_argument("--scenario", action="append", default=[], help="passed to manage.py simulate")
+    ap.add_argument("--no-train", action="store_true",
+                    help="leave the first model training to the beat (ten minutes in, inside the measured part) "
+                         "instead of training in the warm-up and measuring once the models score")
     ap.add_argument("--keep-database", action="store_true", help="leave the scratch database for a look")
     return ap.parse_args()
 
@@ -57,6 +61,7 @@ def main() -> None:
         queue=f"bw-bench-soak-{tag}", channel_prefix=f"bwbenchsoak{tag}", gpus=args.gpus,
         interval_s=args.interval, clients=args.clients, warmup_s=args.warmup_minutes * 60,
         duration_s=args.minutes * 60, window_s=window * 60, scenarios=tuple(args.scenario), say=say,
+        train_models=not args.no_train,
     )
     say(f"soak: {args.gpus:,} GPUs every {args.interval:g} s, {args.clients} clients, "
         f"{args.warmup_minutes:g} min warm-up then {args.minutes:g} min in {window:g}-minute windows")

@@ -187,6 +187,23 @@ def test_pages_on_one_metric_share_one_read_per_tick(floor, session_cookie, monk
     assert [m["values"] for m in got] == [{str(a.id): 70.0}] * 3
 
 
+def test_shared_diff_is_found_once_per_pair_of_reads_and_marks_lost_cells():
+    from dashboard.consumers.heatmap import SharedDiffs
+
+    diffs = SharedDiffs()
+    old = {1: 50.0, 2: 60.0, 3: 70.0, 4: None}
+    new = {1: 50.0, 2: 61.0, 4: None, 5: None, 6: 10.0}
+    changed, encoded = diffs.between(old, new)
+    # 2 changed, 3 lost its value, 6 is new; 5 is new but has no value, which is what the page shows already.
+    assert changed == {2: 61.0, 3: None, 6: 10.0}
+    assert encoded == '{"2": 61.0, "6": 10.0, "3": null}'
+    assert diffs.between(old, new)[0] is changed  # the second page reuses the first page's work
+    assert diffs.between(dict(old), new)[0] == changed and diffs.between(dict(old), new)[0] is not changed
+    full, _ = diffs.between(None, new)
+    assert full == new
+    assert diffs.between(new, new)[0] == {}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_consumer_rejects_anonymous_users():
     async def scenario():

@@ -7,7 +7,8 @@ It runs the production process set against a database the caller prepared, and w
    channel prefix, so nothing reaches (or takes work from) another Breakwater on the same Redis.
 2. After the simulator's first tick, send every periodic task once (training aside) so that each code path has
    run before the warm-up ends: a first run that fills a cache is not a leak. Then open the websocket clients,
-   all in one asyncio loop (aiohttp), subscribed as the fleet, heatmap and job pages subscribe.
+   all in one asyncio loop (aiohttp), subscribed as the fleet, heatmap and job pages subscribe. With
+   `train_models`, the warm-up also trains the first models (see `ModelWarmup`) and lasts until they score.
 3. Every `sample_s`: the memory of each process tree from /proc (RSS, and RssAnon, the private part), the
    PostgreSQL backends on our database, the Redis keys under our prefix, the Celery queue and the rollup lag;
    and, for each simulator tick printed since, the tick's commits from the ingest log (telemetry_ingest_batch).
@@ -87,6 +88,9 @@ class SoakConfig:
     scenarios: tuple[str, ...] = ()
     tolerance: Tolerance = field(default_factory=Tolerance)
     say: object = print
+    train_models: bool = False  # train the first models in the warm-up and start measuring once they score
+    models_settle_s: float = 150.0  # after the models are active: two scoring passes with them loaded
+    models_wait_s: float = 900.0  # give up waiting for them (and say so) after this much of the warm-up
 
 
 # --- processes ---------------------------------------------------------------------------------------------
@@ -207,6 +211,57 @@ def kick_periodic_tasks(queue: str) -> list[str]:
         app.send_task(entry["task"], kwargs=entry.get("kwargs") or {}, queue=queue)
         sent.append(entry["task"])
     return sent
+
+
+class ModelWarmup:
+    """Trains the first models during the warm-up, through the worker, as the ten-minute beat entry would.
+
+    A site keeps active models from its first ten minutes on, and every scoring pass then runs them: that is
+    the steady state. Left to the beat, the first training lands ten minutes into the run, inside the
+    measured part, and the step it makes once (each worker child's high-water mark rises by ~50 MB at 16k
+    GPUs when scoring first runs with the models loaded; the models themselves are 0.5 MB) would be read
+    as growth against a first window that had no models. So the task is sent as soon as a 1-minute rollup
+    exists (the cohort model learns from them), resent every 90 s until both kinds are active, and the
+    measurement starts `models_settle_s` after that.
+    """
+
+    KINDS = 2  # cohort, failure
+
+    def __init__(self, cfg: SoakConfig, db):
+        self.cfg, self.db = cfg, db
+        self.sent_at: float | None = None
+        self.ready_at: float | None = None
+        self.gave_up = False
+
+    @property
+    def done(self) -> bool:
+        return self.ready_at is not None
+
+    def step(self, now: float, t0: float) -> None:
+        if self.done:
+            return
+        active = self.db.execute(
+            "SELECT count(DISTINCT kind) FROM anomaly_model_version WHERE status = 'active'").fetchone()[0]
+        if active >= self.KINDS:
+            self.ready_at = now
+            self.cfg.say(f"models active {now - t0:.0f} s into the warm-up; measuring from "
+                         f"{self.cfg.models_settle_s:.0f} s later")
+        elif now - t0 > self.cfg.models_wait_s:
+            self.gave_up, self.ready_at = True, now  # measure from now, without them
+            self.cfg.say(f"models not active after {self.cfg.models_wait_s:.0f} s ({active} of {self.KINDS}); "
+                         "measuring without them")
+        elif (self.sent_at is None or now - self.sent_at > 90) and self.db.execute(
+                "SELECT EXISTS (SELECT 1 FROM telemetry_gpu_sample_1m)").fetchone()[0]:
+            from dashboard.celery import app
+
+            app.send_task("anomaly.tasks.train_models", kwargs={"missing_only": True}, queue=self.cfg.queue)
+            self.sent_at = now
+            self.cfg.say(f"sent the first model training {now - t0:.0f} s into the warm-up")
+
+    def start(self, planned: float) -> float:
+        if self.ready_at is None:
+            return planned
+        return max(planned, self.ready_at + (0.0 if self.gave_up else self.cfg.models_settle_s))
 
 
 class TickReader(threading.Thread):
@@ -576,6 +631,7 @@ async def _soak(cfg: SoakConfig, host: str, procs: dict[str, Proc], sampler: Sam
     loop = asyncio.get_running_loop()
     t0 = time.time()
     start, end = t0 + cfg.warmup_s, t0 + cfg.warmup_s + cfg.duration_s
+    models = ModelWarmup(cfg, sampler.db) if cfg.train_models else None
     async with aiohttp.ClientSession() as session:
         tasks = [asyncio.create_task(run_client(session, host, cfg.session_cookie, c, stop)) for c in clients]
         cfg.say(f"{len(clients)} websocket clients: " + ", ".join(
@@ -585,6 +641,11 @@ async def _soak(cfg: SoakConfig, host: str, procs: dict[str, Proc], sampler: Sam
             while (now := time.time()) < end:
                 for p in procs.values():
                     p.check()
+                if models is not None and not models.done:
+                    await loop.run_in_executor(None, models.step, now, t0)
+                    # The warm-up lasts until the models are active (or waiting was given up) and settled.
+                    start = models.start(t0 + cfg.warmup_s) if models.done else max(start, now + cfg.sample_s)
+                    end = start + cfg.duration_s
                 row = await loop.run_in_executor(None, sampler.sample)
                 if now >= next_progress:
                     cfg.say(progress_line(cfg, sampler, clients, row, now - t0, now < start))
