@@ -115,6 +115,33 @@ def test_an_sbe_storm_is_flagged_against_the_gpus_own_history(fleet):
     assert not Anomaly.objects.filter(entity_id="GPU-node-b-3").exists()  # its normal 2/min is normal
 
 
+def test_own_history_reads_the_same_hour_on_past_days_and_the_last_hour_with_gaps_as_nan(fleet):
+    import numpy as np
+
+    from anomaly.features import BASELINE_FEATURES, baseline_history
+
+    a, b = fleet[0], fleet[1]
+    # Yesterday's 12:00 hour: 120 SBE over 60 minutes = 2/min; PCIe replays never reported (NaN).
+    insert_rollup("gpu", "1h", [(a.id, AT - timedelta(days=1), {"ecc_sbe_vol_delta": 120})])
+    # The last hour before the scoring window, one 10-minute chunk: 3 and 5 SBE over 2 minutes = 4/min.
+    insert_rollup("gpu", "1m", [(b.id, AT - timedelta(minutes=40), {"ecc_sbe_vol_delta": 3, "pcie_replay_delta": 1}),
+                                (b.id, AT - timedelta(minutes=39), {"ecc_sbe_vol_delta": 5})])
+    X, ids, slots = baseline_history(AT)
+    rows = {int(i): (int(s), list(x)) for i, s, x in zip(ids, slots, X, strict=True)}
+    sbe, pcie = BASELINE_FEATURES.index("ecc_sbe_vol"), BASELINE_FEATURES.index("pcie_replay")
+    assert set(rows) == {a.id, b.id} and X.shape == (2, len(BASELINE_FEATURES)) and X.dtype == np.float64
+    assert rows[a.id][0] == 12 and rows[a.id][1][sbe] == 2.0 and np.isnan(rows[a.id][1][pcie])
+    assert rows[b.id][0] == AT.hour and rows[b.id][1][sbe] == 4.0 and rows[b.id][1][pcie] == 0.5
+    assert ids.dtype == np.int64
+
+
+def test_own_history_of_an_empty_store_is_empty_arrays():
+    from anomaly.features import BASELINE_FEATURES, baseline_history
+
+    X, ids, slots = baseline_history(AT)
+    assert X.shape == (0, len(BASELINE_FEATURES)) and len(ids) == 0 and len(slots) == 0
+
+
 def test_the_score_command_and_task_run_a_pass(fleet, capsys):
     from anomaly.tasks import score
 

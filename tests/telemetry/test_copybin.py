@@ -83,3 +83,21 @@ def test_no_rows_is_a_valid_empty_copy():
 def test_a_naive_time_is_refused_rather_than_guessed():
     with pytest.raises(ValueError, match="naive datetime"):
         copybin.encode(["int4", "timestamptz"], [[1], [datetime(2026, 1, 1)]])  # noqa: DTZ001  (the naive time is the point)
+
+
+def test_decode_reads_a_copy_to_stream_into_columns_and_refuses_nulls():
+    connection.ensure_connection()
+    query = "SELECT i::int4, i * 2::int8, i / 4.0::float8 FROM generate_series(-2, 3) i ORDER BY i"
+    with psycopg.Cursor(connection.connection) as cur:
+        with cur.copy(f"COPY ({query}) TO STDOUT (FORMAT BINARY)") as cp:
+            payload = b"".join(cp)
+        with cur.copy("COPY (SELECT 1::int4, NULL::float8) TO STDOUT (FORMAT BINARY)") as cp:
+            with_null = b"".join(cp)
+    ints, bigs, floats = copybin.decode(["int4", "int8", "float8"], payload)
+    assert ints.tolist() == [-2, -1, 0, 1, 2, 3] and bigs.tolist() == [-4, -2, 0, 2, 4, 6]
+    assert floats.tolist() == [-0.5, -0.25, 0.0, 0.25, 0.5, 0.75]
+    with pytest.raises(ValueError, match="NULL"):
+        copybin.decode(["int4", "float8"], with_null)
+    with pytest.raises(ValueError):
+        copybin.decode(["int4", "int8", "float8"], payload[:-2])
+    assert [len(c) for c in copybin.decode(["int4"], copybin.HEADER + copybin.TRAILER)] == [0]
