@@ -267,8 +267,8 @@ def baseline_history(at: datetime, *, days: int = 7) -> tuple[np.ndarray, np.nda
     sk = KINDS["gpu"]
     # NaN, not NULL, for a GPU-hour with no deltas: every field keeps its width, so the result is read
     # as one numpy view (copybin.decode). This runs every 10 minutes in each worker child over up to
-    # 16k × 13 rows; fetched as Python tuples it raised each child's private memory ~20 MB a refit for
-    # the first hour of history (the soak at 16k GPUs).
+    # 16k × 13 rows, which as Python tuples are ~1.4M short-lived objects. The 16k soak's worker memory
+    # stepped up after those refits; whether this read was the cause is not settled (README, soak).
     rate = ", ".join(f"COALESCE(sum({f}_delta)::float8 / (count(*) * {{m}}), 'NaN')" for f in BASELINE_FEATURES)
     hours = [at - timedelta(days=d) for d in range(1, days + 1)]
     sql = f"""

@@ -48,9 +48,6 @@ class SharedDiffs:
         self._memo[key] = (old, new, changed, encoded)
         return changed, encoded
 
-    def clear(self) -> None:
-        self._memo.clear()
-
 
 _diffs = SharedDiffs()
 
