@@ -98,3 +98,19 @@ def test_pool_children_inherit_the_scientific_stack_before_their_first_task():
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
+
+
+def test_a_finished_task_leaves_no_logged_queries_behind(db):
+    """DEBUG's query log is cleared by a request's start; in a worker, by the end of each task."""
+    from celery.signals import task_postrun
+    from django.db import connection
+
+    connection.force_debug_cursor = True  # what DEBUG = True does to every connection
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+        assert len(connection.queries) >= 1
+        task_postrun.send(sender=None, task_id="t", task=None, args=(), kwargs={}, retval=None, state="SUCCESS")
+        assert connection.queries == []
+    finally:
+        connection.force_debug_cursor = False

