@@ -9,8 +9,8 @@ Measures, on a scratch database filled by the cluster simulator (topology + one 
   change every GPU's value (the worst case: a whole fleet's tick). Target ≤ 250 ms.
 - Baseline, same page, same data: the same update delivered without deltas, as a full reload of
   the grid and values through the Dash callback and a redraw. Also the end-to-end time from an
-  ingest POST to the cells changing in the browser (includes the one-second publish throttle;
-  the page promise is 2 s).
+  ingest POST to the cells changing in the browser (includes the publish slot: one second, or eight
+  times the fleet summary's cost where that is longer, telemetry/live.py; the page promise is 2 s).
 """
 
 from __future__ import annotations

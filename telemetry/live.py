@@ -7,16 +7,16 @@ group, which `dashboard.consumers.FleetConsumer` forwards to browsers, and a bar
 
 Throttle, across every process that ingests:
 
-1. A publisher first claims the one-second slot with Redis `SET key NX PX 1000`. Only the
-   claimant computes and sends, so the fleet sees at most one summary per second however many
-   batches commit.
+1. A publisher first claims the slot with Redis `SET key NX PX <slot>`. Only the claimant
+   computes and sends, so the fleet sees at most one summary per slot however many batches
+   commit. The slot is one second, or longer where the summary is slow (`slot_ms`).
 2. A publisher that loses the claim must not lose its change: it arms one timer in its own
    process for when the current slot expires. When the timer fires it tries to claim once.
 3. If that claim fails too and the slot has a new holder (each claim stores a random token),
    the new holder claimed after the old slot expired, which is after our commit, and its
    summary (computed after claiming) already includes our rows, so nothing is retried. If the
    old holder is still there (the timer fired a hair early), the timer is armed again.
-   Hence the last change of a burst reaches the page within about a second.
+   Hence the last change of a burst reaches the page within about one slot.
 
 Publishing is best effort: any failure is logged and never raised into ingest.
 """
@@ -47,7 +47,16 @@ TELEMETRY_GROUP = "telemetry"
 # One summary slot per site: the key carries the channel prefix, so another deployment (or test run)
 # on the same Redis never wins our slot and silences our pages.
 THROTTLE_KEY_SUFFIX = "live:fleet-summary"
-THROTTLE_MS = 1000
+THROTTLE_MS = 1000  # the shortest slot
+# Every publish makes each open page re-read its view (16k rows per heatmap metric at 16k GPUs) and costs
+# the summary itself, which took ~0.3 s of database and Python at 16k GPUs under load. With ingest committing
+# all through every tick, a one-second slot meant a publish every second, ~40 % of a core on the 2-core soak
+# machine for pages and summary together. So the slot lasts at least SLOT_COST_FACTOR times the last
+# summary's cost (one second up to ~2k GPUs, ~2.4 s at 16k): publishing stays a bounded share of the machine
+# at any size, and a slower machine gets longer slots instead of falling behind.
+SLOT_COST_FACTOR = 8.0
+MAX_SLOT_MS = 5000
+_last_cost_s = [0.0]  # this process's last summary: seconds to compute
 # Wait a little past the slot's expiry so the trailing claim does not race the TTL.
 _TRAILING_MARGIN_S = 0.02
 
@@ -115,19 +124,27 @@ def _throttle_key() -> str:
     return f"{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}:{THROTTLE_KEY_SUFFIX}"
 
 
+def slot_ms() -> int:
+    """How long a claimed slot lasts: THROTTLE_MS, or SLOT_COST_FACTOR times the last summary's cost."""
+    return int(min(MAX_SLOT_MS, max(THROTTLE_MS, SLOT_COST_FACTOR * _last_cost_s[0] * 1000)))
+
+
 def _claim_slot() -> tuple[bool, bytes | None, int]:
     """(claimed, the current holder's token, milliseconds until the slot frees)."""
     token = uuid4().hex.encode()
     key = _throttle_key()
-    if _redis.set(key, token, nx=True, px=THROTTLE_MS):
-        return True, token, THROTTLE_MS
+    slot = slot_ms()
+    if _redis.set(key, token, nx=True, px=slot):
+        return True, token, slot
     holder, remaining_ms = _redis.pipeline().get(key).pttl(key).execute()
     # PTTL is -2 when the slot expired between the two calls: retry right away.
     return False, holder, max(remaining_ms, 0)
 
 
 def _send_summary() -> None:
+    started = time.perf_counter()
     summary = fleet_summary()
+    _last_cost_s[0] = time.perf_counter() - started
     layer = get_channel_layer()
     async_to_sync(layer.group_send)(FLEET_GROUP, {"type": "fleet.update", "data": summary})
     async_to_sync(layer.group_send)(TELEMETRY_GROUP, {"type": "telemetry.tick", "at": summary["generated_at"]})

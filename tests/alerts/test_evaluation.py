@@ -121,6 +121,31 @@ def test_rate_counts_increase_per_minute_across_a_counter_reset(rack):
     assert open_alerts(r) == []
 
 
+def test_a_rate_rule_is_read_again_only_after_its_cadence_and_at_once_when_edited(rack, monkeypatch):
+    from alerts import evaluation
+
+    r = rule(kind=RuleKind.RATE, metric="ecc_sbe_vol", op=">", threshold=5, window_seconds=300)
+    rule("T", kind=RuleKind.THRESHOLD, metric="gpu_temp", op=">", threshold=80)
+    for ago, v in ((240, 100), (180, 110), (120, 120), (60, 130)):
+        ingest(T0 - timedelta(seconds=ago), [gpu("GPU-1", ecc_sbe_vol=v, gpu_temp=60.0)])
+    real, observed = evaluation.observe, []
+    monkeypatch.setattr(evaluation, "observe", lambda rule, now: observed.append((rule.name, now)) or real(rule, now))
+
+    run_evaluation(T0)
+    assert [o.entity_key for o in open_alerts(r)] == ["GPU-1"]  # 30 in 5 min: 6/min
+    run_evaluation(T0 + timedelta(seconds=5))  # ingest-triggered again 5 s later
+    assert observed == [("R", T0), ("T", T0), ("T", T0 + timedelta(seconds=5))]
+    assert [o.entity_key for o in open_alerts(r)] == ["GPU-1"], "a rate rule not read again must not resolve"
+    observed.clear()
+    run_evaluation(T0 + timedelta(seconds=10))  # max(10 s, 300 s / 30)
+    assert ("R", T0 + timedelta(seconds=10)) in observed
+    observed.clear()
+    r.threshold = 50
+    r.save()  # edited: read at once, and its alert resolves
+    run_evaluation(T0 + timedelta(seconds=11))
+    assert ("R", T0 + timedelta(seconds=11)) in observed and open_alerts(r) == []
+
+
 def test_rate_reads_raw_only_for_counters_that_moved(rack):
     from alerts.evaluation import _moved_counters
     from telemetry.models import Gpu

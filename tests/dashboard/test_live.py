@@ -184,3 +184,27 @@ def _receive_one_group_message(timeout: float) -> dict:
         return message["data"]
 
     return async_to_sync(scenario)()
+
+
+def test_the_slot_lengthens_with_what_the_summary_costs(monkeypatch, _free_throttle):
+    """One second at small sizes; a summary that took 0.3 s (16k GPUs under load) holds the slot 2.4 s."""
+    monkeypatch.setattr(live, "_last_cost_s", [0.01])
+    assert live.slot_ms() == live.THROTTLE_MS
+    monkeypatch.setattr(live, "_last_cost_s", [2.0])
+    assert live.slot_ms() == live.MAX_SLOT_MS
+
+    make_gpu(**HEALTHY)
+    real = live.fleet_summary
+
+    def slow_summary():
+        time.sleep(0.3)
+        return real()
+
+    monkeypatch.setattr(live, "fleet_summary", slow_summary)
+    monkeypatch.setattr(live, "_last_cost_s", [0.0])
+    assert live.publish_fleet_summary() is True  # a one-second slot, and now we know the summary is slow
+    assert 0.3 <= live._last_cost_s[0] < 1.0
+    _free_throttle.delete(live._throttle_key())
+    assert live.publish_fleet_summary() is True
+    ttl = _free_throttle.pttl(live._throttle_key())
+    assert ttl > 2000, ttl  # 8 x >= 0.3 s
