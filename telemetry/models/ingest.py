@@ -78,6 +78,11 @@ class RollupWatermark(models.Model):
     last_ms = models.FloatField(default=0)
     # The `now` of the last recomputation of the open buckets (telemetry.rollups.OPEN_REFRESH).
     open_refreshed_at = models.DateTimeField(null=True, blank=True)
+    # What that recomputation of a 1m rollup covered, up to `refreshed_until`, and the oldest transaction it
+    # might not have seen (its snapshot's xmin, a 64-bit xid): the final pass redoes a bucket only if a
+    # raw row in it was written by that transaction or a later one (telemetry.rollups._unchanged_since_refresh).
+    refreshed_until = models.DateTimeField(null=True, blank=True)
+    refresh_xmin = models.BigIntegerField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.name} until {self.done_until:%Y-%m-%d %H:%M}"

@@ -342,3 +342,51 @@ def test_rollup_pass_for_2048_gpus_at_6_samples_a_minute(capsys):
 
 def _per_rollup(runs: list[rollups.RollupRun]) -> str:
     return ", ".join(f"{r.name} {r.ms:.0f} ms/{r.rows} rows" for r in runs if r.rows)
+
+
+def _executed(monkeypatch) -> list[tuple[str, datetime, datetime]]:
+    calls, real = [], rollups._execute
+
+    def spy(r, start, end):
+        calls.append((r.name, start, end))
+        return real(r, start, end)
+
+    monkeypatch.setattr(rollups, "_execute", spy)
+    return calls
+
+
+@pytest.mark.django_db(transaction=True)
+def test_final_pass_keeps_a_settled_minute_that_nothing_was_written_to_since(monkeypatch):
+    for s, v in ((0, 100), (20, 110), (40, 130)):
+        insert_sample("gpu", 1, T0 + 5 * MIN + s * SEC, gpu_util=float(v), pcie_replay=v)
+    run_rollups(T0 + 6 * MIN + OPEN_SETTLE)  # the settled refresh computes 10:05
+    settled = rollup_row("gpu", "1m", 1, T0 + 5 * MIN)
+    assert settled["samples"] == 3
+    calls = _executed(monkeypatch)
+    run_rollups(T0 + 7 * MIN + 5 * SEC)  # 10:05 turns final: nothing changed, so it is not computed again
+    assert ("gpu_1m", T0 + 5 * MIN, T0 + 6 * MIN) not in calls
+    assert _mark("gpu_1m") == T0 + 6 * MIN
+    assert rollup_row("gpu", "1m", 1, T0 + 5 * MIN) == settled
+    rollups._execute(BY_NAME["gpu_1m"], T0 + 5 * MIN, T0 + 6 * MIN)  # what a recompute gives: the same row
+    assert rollup_row("gpu", "1m", 1, T0 + 5 * MIN) == settled
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("late", ["new row", "re-sent row merged"])
+def test_final_pass_recomputes_a_settled_minute_written_to_since(monkeypatch, late):
+    for s, v in ((0, 100), (20, 110), (40, 130)):
+        insert_sample("gpu", 1, T0 + 5 * MIN + s * SEC, gpu_util=float(v), pcie_replay=v)
+    run_rollups(T0 + 6 * MIN + OPEN_SETTLE)
+    assert rollup_row("gpu", "1m", 1, T0 + 5 * MIN)["gpu_util_max"] == 130.0
+    if late == "new row":  # committed after the refresh, inside the grace
+        insert_sample("gpu", 1, T0 + 5 * MIN + 50 * SEC, gpu_util=150.0, pcie_replay=150)
+    else:  # what the writer's ON CONFLICT merge does to a stored row: a new row version, same count
+        with connection.cursor() as cur:
+            cur.execute("UPDATE telemetry_gpu_sample SET gpu_util = 150 WHERE gpu_id = 1 AND time = %s",
+                        [T0 + 5 * MIN + 40 * SEC])
+    calls = _executed(monkeypatch)
+    run_rollups(T0 + 7 * MIN + 5 * SEC)
+    assert ("gpu_1m", T0 + 5 * MIN, T0 + 6 * MIN) in calls
+    row = rollup_row("gpu", "1m", 1, T0 + 5 * MIN)
+    assert row["gpu_util_max"] == 150.0
+    assert row["samples"] == (4 if late == "new row" else 3)
