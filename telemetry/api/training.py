@@ -75,19 +75,27 @@ def _count(rec: dict, key: str, where: str) -> int:
     return v
 
 
+_INSERT_STEPS = (
+    "INSERT INTO telemetry_training_step (job_id, rank, time, step, step_time_s, loss, grad_norm, tokens_per_s, "
+    "nan_count, inf_count) SELECT %s, * FROM unnest(%s::int4[], %s::timestamptz[], %s::int8[], %s::float8[], "
+    "%s::float8[], %s::float8[], %s::float8[], %s::int4[], %s::int4[]) "
+    "ON CONFLICT (job_id, rank, time) DO UPDATE SET step = EXCLUDED.step, step_time_s = EXCLUDED.step_time_s, "
+    "loss = EXCLUDED.loss, grad_norm = EXCLUDED.grad_norm, tokens_per_s = EXCLUDED.tokens_per_s, "
+    "nan_count = EXCLUDED.nan_count, inf_count = EXCLUDED.inf_count"
+)
+
+
 @transaction.atomic
 def do_record_training_steps(source: str, external_id: str, rows: list[tuple]) -> int:
     """Store steps for one job; re-sent steps replace themselves (key: job, rank, time)."""
     job, _ = Job.objects.get_or_create(source=source, external_id=external_id, defaults={"state": "running"})
-    with connection.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO telemetry_training_step (job_id, rank, time, step, step_time_s, loss, grad_norm, "
-            "tokens_per_s, nan_count, inf_count) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (job_id, rank, time) DO UPDATE SET step = EXCLUDED.step, step_time_s = EXCLUDED.step_time_s, "
-            "loss = EXCLUDED.loss, grad_norm = EXCLUDED.grad_norm, tokens_per_s = EXCLUDED.tokens_per_s, "
-            "nan_count = EXCLUDED.nan_count, inf_count = EXCLUDED.inf_count",
-            [(job.id, *row) for row in rows],
-        )
+    # One statement over column arrays, not one INSERT per rank: a 16k-GPU simulated fleet posts ~300 ranks a
+    # second, and per-row statements were ~4 s of the database's every minute in the soak. Within a request
+    # the last record of a (rank, time) wins, as it did row by row (one statement cannot update a row twice).
+    last = {(row[0], row[1]): row for row in rows}
+    if last:
+        with connection.cursor() as cur:
+            cur.execute(_INSERT_STEPS, [job.id, *(list(col) for col in zip(*last.values(), strict=True))])
     # Open job pages recompute their ranks on the next tick (after this commit).
     live.schedule_fleet_publish()
     return len(rows)

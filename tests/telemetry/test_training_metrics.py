@@ -75,3 +75,23 @@ def test_values_the_database_cannot_hold_are_400_not_503(client, body, where):
                        HTTP_AUTHORIZATION=f"Bearer {token}")
     assert resp.status_code == 400 and resp.json()["error"]["where"] == where, resp.content
     assert _rows() == [] and not Job.objects.exists()
+
+
+def test_within_a_batch_the_last_record_of_a_rank_and_time_wins_and_a_resend_replaces(client):
+    token = do_create_collector_token("trainer")
+    at = "2026-11-30T12:00:00Z"
+    records = [{"rank": r, "step": 10, "time": at, "loss": 1.0 + r} for r in range(64)]
+    records.append({"rank": 3, "step": 11, "time": at, "loss": 9.5, "nan_count": 2})  # the same rank and time again
+
+    def post(recs):
+        return client.post("/api/v1/training", data=json.dumps({"job": "slurm:9", "records": recs}),
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    resp = post(records)
+    assert resp.status_code == 200 and resp.json() == {"stored": 65}
+    rows = _rows()
+    assert len(rows) == 64 and rows[3] == (3, 11, 9.5, 2, 0)
+    # A re-send replaces what it names, and only that.
+    assert post([{"rank": 3, "step": 11, "time": at, "loss": 4.0}]).status_code == 200
+    assert _rows()[3] == (3, 11, 4.0, 0, 0) and _rows()[4] == (4, 10, 5.0, 0, 0)
+
