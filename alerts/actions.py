@@ -16,6 +16,9 @@ debounced through Redis:
    pass takes ~1 s and commits arrive all through each 10 s tick, so unpaced runs went back to back (75 a
    minute, 35-55 s of a worker's minute), and the 2-core soak fell behind on ingest. Each commit still
    reaches a run at most about one pass later, which keeps fault-to-page well inside its 5 s target.
+   And never sooner than MIN_SPACING_S after its predecessor started: once a 16k-GPU pass fell to ~0.2 s
+   (rate rules on their own cadence), PACE alone let ~110 runs a minute through, 21 s of a worker's
+   minute re-reading a fleet whose samples arrive every 10 s.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 FLAG_TTL_S = 30
 PACE = 2.0
+MIN_SPACING_S = 1.0
 MAX_PACING_S = 3.0
 _client: redis.Redis | None = None
 
@@ -68,7 +72,7 @@ def pacing_delay(now: float) -> float:
         started, duration = map(float, raw.split())
     except (AttributeError, ValueError):  # none recorded yet (or not ours to read): no pacing
         return 0.0
-    return min(MAX_PACING_S, max(0.0, started + PACE * duration - now))
+    return min(MAX_PACING_S, max(0.0, started + max(PACE * duration, MIN_SPACING_S) - now))
 
 
 def schedule_evaluation() -> None:

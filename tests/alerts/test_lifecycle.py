@@ -15,6 +15,7 @@ from django.db import connection
 
 from alerts.actions import (
     MAX_PACING_S,
+    MIN_SPACING_S,
     PACE,
     clear_evaluation_flag,
     evaluation_flag_key,
@@ -226,7 +227,8 @@ def _etas(queue_name: str) -> list[float | None]:
 
 def test_triggered_evaluations_are_paced_by_the_last_ones_duration(queue):
     """A pass that took 1 s and started just now: the next triggered run is due ~2 s after it started,
-    so evaluation takes at most about half a worker slot; an old or short pass delays nothing."""
+    so evaluation takes at most about half a worker slot; an old pass delays nothing, and a short one
+    that just started holds the next for the minimum spacing."""
     import time as clock
 
     record_evaluation(clock.time(), 1.0)
@@ -241,6 +243,11 @@ def test_triggered_evaluations_are_paced_by_the_last_ones_duration(queue):
     record_evaluation(clock.time(), 30.0)  # a pathological pass: the wait is capped
     schedule_evaluation()
     assert _etas(settings.CELERY_TASK_DEFAULT_QUEUE)[0] <= MAX_PACING_S + 0.1
+    clear_evaluation_flag()
+    record_evaluation(clock.time(), 0.05)  # a fast pass just started: the next waits out the minimum spacing
+    schedule_evaluation()
+    delay = _etas(settings.CELERY_TASK_DEFAULT_QUEUE)[0]
+    assert delay is not None and MIN_SPACING_S - 0.2 < delay <= MIN_SPACING_S + 0.1
 
 
 def test_an_unreadable_pacing_record_delays_nothing(queue):
