@@ -516,6 +516,9 @@ def main() -> None:
     # takes its tasks. Children (daphne, worker, beat) inherit these.
     os.environ["CELERY_QUEUE"] = f"bench-fault_to_page-{os.getpid()}"
     os.environ["BREAKWATER_CHANNEL_PREFIX"] = f"benchf2p{os.getpid()}"
+    # The receiver listens on loopback, which the webhook SSRF guard refuses unless the allowlist names it
+    # (as `./dev up` names its own receiver): without this every page was refused and every trial missed.
+    os.environ["OUTBOUND_URL_ALLOWLIST"] = "127.0.0.1"
     url = scratch_database_url("fault_to_page")
     setup_django(url)  # connects lazily: the database is made below, while Prometheus starts its trials
     ours, prom, phase, bad = Summary("Breakwater"), Summary("Prometheus + Alertmanager (defaults)"), None, 0
