@@ -61,6 +61,11 @@ def _record(rec, where: str, times: TimeParser) -> tuple:
         v = rec.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise BatchError(f"{where}.{key}", f"must be a number, got {v!r}")
+        if isinstance(v, int):  # the columns are float8; the batch goes in as one float array per column
+            try:
+                v = float(v)
+            except OverflowError:
+                raise BatchError(f"{where}.{key}", f"must fit a double-precision float, got {v!r}"[:300]) from None
         if v is not None and not math.isfinite(v):
             nan, inf = (nan + 1, inf) if math.isnan(v) else (nan, inf + 1)
             v = None

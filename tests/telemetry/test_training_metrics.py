@@ -95,3 +95,18 @@ def test_within_a_batch_the_last_record_of_a_rank_and_time_wins_and_a_resend_rep
     assert post([{"rank": 3, "step": 11, "time": at, "loss": 4.0}]).status_code == 200
     assert _rows()[3] == (3, 11, 4.0, 0, 0) and _rows()[4] == (4, 10, 5.0, 0, 0)
 
+
+
+def test_whole_and_fractional_numbers_mix_in_a_batch_and_a_number_past_a_double_is_400(client):
+    token = do_create_collector_token("trainer")
+
+    def post(recs):
+        return client.post("/api/v1/training", data=json.dumps({"job": "slurm:9", "records": recs}),
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    ok = post([{"rank": 0, "step": 1, "loss": 2, "tokens_per_s": 48000}, {"rank": 1, "step": 1, "loss": 1.5}])
+    assert ok.status_code == 200, ok.content
+    assert [r[2] for r in _rows()] == [2.0, 1.5]
+    bad = post([{"rank": 2, "step": 1, "loss": 1.0}, {"rank": 3, "step": 1, "grad_norm": 10**400}])
+    assert bad.status_code == 400 and bad.json()["error"]["where"] == "$.records[1].grad_norm"
+    assert len(_rows()) == 2  # nothing of the refused batch
