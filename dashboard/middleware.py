@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.middleware.security import SecurityMiddleware
 from django_plotly_dash.middleware import ContentCollector
 
 
@@ -44,3 +45,18 @@ class DashContentMiddleware(HybridMiddleware):
         if response.streaming or not response.get("Content-Type", "").startswith("text/html"):
             return response
         return request.dpd_content_handler.adjust_response(response)
+
+
+class InlineSecurityMiddleware(SecurityMiddleware):
+    """Django's SecurityMiddleware with its hooks run in the event loop instead of on the sync thread.
+
+    Its two hooks only read headers and settings (HTTPS redirect, HSTS, nosniff, referrer and opener
+    policies): nothing blocks, so the thread handoff Django's MiddlewareMixin makes for each costs more than
+    the hook itself (settings.COLLECTOR_MIDDLEWARE).
+    """
+
+    async def __acall__(self, request):
+        response = self.process_request(request)
+        if response is None:
+            response = await self.get_response(request)
+        return self.process_response(request, response)

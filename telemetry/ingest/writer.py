@@ -273,14 +273,23 @@ def write_batch(batch: Batch, *, collector: str, fmt: str, body_bytes: int = 0) 
         result.rejected = batch.rejected
         result.registered = resolver.registered
         result.duration_ms = (time.perf_counter() - t0) * 1000
-        IngestBatch.objects.create(
-            time=datetime.now(UTC), batch_id=result.batch_id, collector=collector[:128], format=fmt,
-            samples=result.accepted, rejected=result.rejected, body_bytes=body_bytes,
-            duration_ms=result.duration_ms,
-        )
+        _log_batch(result, collector, fmt, body_bytes)
         resolver.publish_on_commit()
         _schedule_publish()
     return result
+
+
+def _log_batch(result: WriteResult, collector: str, fmt: str, body_bytes: int) -> None:
+    """One ingest-log row (IngestBatch), in the batch's transaction. Plain SQL on the writer's cursor: through
+    the ORM this one row cost ~1 ms of the web process's Python, a tenth of a small batch's whole request."""
+    with psycopg.Cursor(connection.connection) as cur:
+        cur.execute(
+            f"INSERT INTO {IngestBatch._meta.db_table} "
+            "(time, batch_id, collector, format, samples, rejected, body_bytes, duration_ms) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            (datetime.now(UTC), result.batch_id, collector[:128], fmt, result.accepted, result.rejected,
+             body_bytes, result.duration_ms),
+        )
 
 
 def _write_events(batch: Batch, resolver: Resolver, faults: list) -> dict[str, int]:
@@ -288,7 +297,8 @@ def _write_events(batch: Batch, resolver: Resolver, faults: list) -> dict[str, i
     sightings = [e for events, _ in faults for e in events]
     resets = [r for _, rs in faults for r in rs]
     sightings.extend(resolve_events(resolver, batch))
-    cleared = do_clear_gpu_resets(resets, reason="GPU reset: counters restarted")
+    # Both actions are atomic: called with nothing to do, each still costs a savepoint's two round trips.
+    cleared = do_clear_gpu_resets(resets, reason="GPU reset: counters restarted") if resets else 0
     counts = do_record_gpu_events(sightings) if sightings else {"created": 0, "updated": 0}
     return {**counts, "cleared": cleared}
 

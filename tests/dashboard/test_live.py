@@ -123,6 +123,24 @@ def test_throttle_is_shared_by_every_process(_free_throttle):
     assert _receive_one_group_message(timeout=3)["gpus"]["total"] == 1
 
 
+def test_a_commit_while_a_trailing_publish_is_armed_asks_redis_nothing_and_still_reaches_the_page(
+    _free_throttle, monkeypatch
+):
+    assert _free_throttle.set(live._throttle_key(), "1", nx=True, px=live.THROTTLE_MS)
+    gpu = make_gpu(**HEALTHY)
+    assert live.publish_fleet_summary() is False  # the slot is taken: this arms the trailing publish
+    real_claim, claims = live._claim_slot, []
+    monkeypatch.setattr(live, "_claim_slot", lambda: claims.append(1) or real_claim())
+
+    write_latest(gpu, **{**HEALTHY, "gpu_util": 77.0})  # a later commit in the same slot
+    assert live.publish_fleet_summary() is False
+    assert claims == [], "a commit covered by the armed timer still claimed the slot in Redis"
+
+    # The timer claims once the slot frees, after both commits, so the page gets the later value.
+    assert _receive_one_group_message(timeout=3)["utilization"]["gpu_util_pct"] == 77.0
+    assert claims == [1]
+
+
 def test_trailing_publish_that_fires_before_its_slot_expires_waits_again(_free_throttle):
     _free_throttle.set(live._throttle_key(), b"slot-we-waited-for", px=live.THROTTLE_MS)
     make_gpu(**HEALTHY)
