@@ -81,6 +81,8 @@ class Sent:
 class FacilityConsumer(LiveConsumer):
     """The NVLink and power pages; see the module docstring for the messages."""
 
+    pace_memo = _shared  # passes paced by what its shared reads cost (LiveConsumer)
+
     async def connect(self) -> None:
         self.sent: Sent | None = None
         self.seq = 0

@@ -61,6 +61,8 @@ class HeatmapConsumer(LiveConsumer):
     its grid (heatmap.js).
     """
 
+    pace_memo = _shared  # passes paced by what its shared reads cost (LiveConsumer)
+
     async def connect(self) -> None:
         self.metric: str | None = None
         self.drawn: dict | None = None  # the shared read the page's cells now equal; None: draw every cell

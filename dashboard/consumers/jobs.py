@@ -66,6 +66,8 @@ class Sent:
 class JobConsumer(LiveConsumer):
     """The job list and the job page; see the module docstring for the messages."""
 
+    pace_memo = _shared  # passes paced by what its shared reads cost (LiveConsumer)
+
     async def connect(self) -> None:
         self.sub: dict | None = None
         self.seq = 0
