@@ -11,7 +11,9 @@ import pytest
 from asgiref import sync as asgiref_sync
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
+from django.conf import settings
 from django.db import connection
+from django.urls import resolve
 
 from dashboard.asgi import application
 from telemetry.actions import do_create_collector_token
@@ -27,24 +29,20 @@ def _request(method: str, path: str, body: bytes = b"", headers: dict | None = N
         "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 80),
     }
 
-    result = {}
-
-    async def run_collect():
+    async def run():
         comm = ApplicationCommunicator(application, scope)
         await comm.send_input({"type": "http.request", "body": body, "more_body": False})
-        result["start"] = await comm.receive_output(timeout=30)
-        chunks = []
+        start, chunks = await comm.receive_output(timeout=30), []
         while True:
             msg = await comm.receive_output(timeout=30)
             chunks.append(msg.get("body", b""))
             if not msg.get("more_body"):
                 break
-        result["body"] = b"".join(chunks)
         await comm.wait(timeout=5)
+        return start, b"".join(chunks)
 
-    async_to_sync(run_collect)()
-    start = result["start"]
-    return start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]}, result["body"]
+    start, answer = async_to_sync(run)()
+    return start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]}, answer
 
 
 @pytest.fixture
@@ -100,3 +98,9 @@ def test_site_pages_keep_the_full_chain(sensitive_hops):
     assert headers.get("x-frame-options")  # XFrameOptionsMiddleware
     assert "csrftoken" in headers.get("set-cookie", "")  # CsrfViewMiddleware
     assert sum("process_" in c for c in sensitive_hops) >= 8
+
+
+def test_every_lean_path_is_a_collector_endpoint():
+    # The lean chain has no session, user or CSRF: a path listed there must be a bearer-token endpoint.
+    for path in settings.COLLECTOR_PATHS:
+        assert getattr(resolve(path).func, "bw_access", None) == "collector", path
