@@ -316,6 +316,32 @@ def _tree(root: int, kids: dict[int, list[int]]) -> list[int]:
     return out
 
 
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+CPU_ROLES = ("daphne", "worker", "beat", "simulator", "postgres", "clients")
+
+
+def cpu_of(pids: list[int], reaped: bool = False) -> float:
+    """CPU seconds (user + system) used by `pids`; with `reaped`, also by the children they have waited for,
+    which for the postmaster is every backend and worker that has exited (connections come and go, so the
+    live processes alone would lose their time)."""
+    total = 0
+    for pid in pids:
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(f[11]) + int(f[12]) + (int(f[13]) + int(f[14]) if reaped else 0)
+    return total / TICKS_PER_S
+
+
+def machine_cpu() -> dict[str, float]:
+    """The whole machine's CPU seconds so far by state, from /proc/stat (steal: taken by the hypervisor)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = f
+    return {"busy": (user + nice + system + irq + softirq) / TICKS_PER_S, "idle": idle / TICKS_PER_S,
+            "iowait": iowait / TICKS_PER_S, "steal": steal / TICKS_PER_S}
+
+
 def memory_of(pids: list[int]) -> tuple[float, float]:
     """(RSS, RssAnon) in MB summed over `pids`; a process gone meanwhile counts as nothing."""
     rss = anon = 0
@@ -415,6 +441,14 @@ SELECT count(*), max(time), coalesce(sum(samples), 0) FROM telemetry_ingest_batc
 WHERE collector = %s AND time >= %s AND time <= %s
 """
 _BACKENDS_SQL = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+# Cluster-wide write figures: WAL volume and full-page images (a page's first change after a checkpoint is
+# logged whole, so scattered index inserts cost far more WAL right after each checkpoint), and who wrote dirty
+# buffers out (the checkpointer, the background writer, or a backend that needed a free buffer).
+_WAL_SQL = """
+SELECT w.wal_bytes, w.wal_fpi, b.checkpoints_timed + b.checkpoints_req, b.buffers_checkpoint,
+       b.buffers_clean, b.buffers_backend, (SELECT sum(blks_read) FROM pg_stat_database)
+FROM pg_stat_wal w, pg_stat_bgwriter b
+"""
 # The one-minute rollups only: an hourly one is up to two hours behind by design.
 _ROLLUP_SQL = ("SELECT extract(epoch FROM now() - min(done_until))::float8 FROM telemetry_rollupwatermark "
                "WHERE name LIKE '%_1m'")
@@ -433,6 +467,10 @@ class Sampler:
         self.samples: list[dict] = []
         self.ticks: list[dict] = []  # sample time, last commit, batches, samples
         self._seen = 0
+        # The postmaster (a backend's parent) accounts for every PostgreSQL process of the cluster, ours or not:
+        # during a soak nothing else runs on it.
+        ppid = Path(f"/proc/{self.db.info.backend_pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        self.postmaster = int(ppid)
 
     def close(self) -> None:
         self.db.close()
@@ -453,6 +491,13 @@ class Sampler:
         row["queue"] = self.redis.llen(self.cfg.queue)
         row["rollup_lag_s"] = self.db.execute(_ROLLUP_SQL).fetchone()[0]
         row["clients_mb"] = memory_of([os.getpid()])[0]
+        cpu = {name: cpu_of(_tree(proc.pid, kids), reaped=True) for name, proc in self.procs.items()}
+        cpu["postgres"] = cpu_of(_tree(self.postmaster, kids), reaped=True)
+        cpu["clients"] = cpu_of([os.getpid()])
+        row["cpu"], row["machine"] = cpu, machine_cpu()
+        wal = self.db.execute(_WAL_SQL).fetchone()
+        row["wal"] = dict(zip(("bytes", "fpi", "checkpoints", "buf_checkpoint", "buf_clean", "buf_backend",
+                               "blks_read"), map(float, wal), strict=True))
         self.samples.append(row)
         self._collect_ticks()
         return row
@@ -543,6 +588,7 @@ def summarise(cfg: SoakConfig, sampler: Sampler, clients: list[Client], start: f
             "queue": _median([s["queue"] for s in mem]), "rollup_lag_s": _median([s["rollup_lag_s"] for s in mem]),
             "pg_backends": _median([s["pg_backends"] for s in mem]),
             "mem": {r: (_median([s[r][0] for s in mem]), _median([s[r][1] for s in mem])) for r in JUDGED},
+            **_rates(mem),
         })
     measured = [x for x in lat if start <= x["t"] < end]
     # The job list changes only when a job starts or ends, so a list page may rightly hear nothing for minutes;
@@ -561,6 +607,25 @@ def summarise(cfg: SoakConfig, sampler: Sampler, clients: list[Client], start: f
     }
     report.update(verdict(cfg.tolerance, rows))
     return report
+
+
+def _rates(mem: list[dict]) -> dict:
+    """Where the machine's time went in a window: each role's share of one core, the machine's idle and steal
+    (as a share of all its cores), and PostgreSQL's write figures per second. Descriptive, not judged: they
+    say why a window's lag rose, which the figures above only show."""
+    if len(mem) < 2 or "cpu" not in mem[0] or "cpu" not in mem[-1]:
+        return {"cpu": {}, "machine": {}, "wal": {}}
+    a, b = mem[0], mem[-1]
+    dt = b["t"] - a["t"]
+    cores = os.cpu_count() or 1
+    return {
+        "cpu": {r: (b["cpu"][r] - a["cpu"][r]) / dt for r in CPU_ROLES if r in a["cpu"] and r in b["cpu"]},
+        "machine": {k: (b["machine"][k] - a["machine"][k]) / dt / cores for k in ("idle", "iowait", "steal")},
+        "wal": {"mb_s": (b["wal"]["bytes"] - a["wal"]["bytes"]) / dt / MB,
+                **{k: (b["wal"][k] - a["wal"][k]) / dt for k in ("fpi", "buf_checkpoint", "buf_clean",
+                                                                  "buf_backend", "blks_read")},
+                "checkpoints": b["wal"]["checkpoints"] - a["wal"]["checkpoints"]},
+    }
 
 
 def _median(xs: list) -> float | None:
@@ -678,10 +743,15 @@ def progress_line(cfg: SoakConfig, sampler: Sampler, clients: list[Client], row:
     msgs = sum(1 for c in clients for w in c.arrivals if w >= since)
     mem = " ".join(f"{r}={row[r][1]:.0f}" for r in ("daphne", "worker", "beat", "simulator", "postgres"))
     p95 = pct(lat, 95)
+    past = [s for s in sampler.samples if s["t"] <= since]
+    cpu = ""
+    if past and "cpu" in row:
+        r = _rates([past[-1], row])
+        cpu = " cpu " + " ".join(f"{k}={v:.2f}" for k, v in r["cpu"].items()) + f" idle={100 * r['machine']['idle']:.0f}%"
     return (f"{int(elapsed // 60):02d}:{int(elapsed % 60):02d}{' warm-up' if warming else ''} "
             f"ticks={len(lags)} lag_p95={_fmt(pct(lags, 95))}s update_p95="
             f"{'-' if p95 is None else f'{p95 * 1000:.0f}'}ms msgs/min={msgs} private_MB {mem} "
-            f"pg_backends={row['pg_backends']} queue={row['queue']} rollup_lag={_fmt(row['rollup_lag_s'], 0)}s")
+            f"pg_backends={row['pg_backends']} queue={row['queue']} rollup_lag={_fmt(row['rollup_lag_s'], 0)}s{cpu}")
 
 
 def _ms(x: float | None) -> float | None:
@@ -701,6 +771,16 @@ def report_lines(report: dict) -> list[str]:
         out.append(f"{w['from_s'] / 60:5.1f}-{w['to_s'] / 60:<5.1f}m {w['ticks']:3d}/{w['expected_ticks']:<3d} "
                    f"{lag:<22}{update:<20}{_fmt(w['queue'], 0):>5}  {_fmt(w['rollup_lag_s'], 0):>12}  "
                    f"{_fmt(w['pg_backends'], 0):>11}")
+    out.append("CPU per window (share of one core; the machine's idle and steal as a share of all its cores) and "
+               "PostgreSQL writes (WAL MB/s, full-page images/s, checkpoints, blocks read/s)")
+    for w in report["windows"]:
+        if not w.get("cpu"):
+            continue
+        cpu = " ".join(f"{r} {w['cpu'][r]:.2f}" for r in CPU_ROLES if r in w["cpu"])
+        wal = w["wal"]
+        out.append(f"{w['from_s'] / 60:5.1f}-{w['to_s'] / 60:<5.1f}m {cpu} | idle {100 * w['machine']['idle']:.0f} % "
+                   f"steal {100 * w['machine']['steal']:.1f} % | WAL {wal['mb_s']:.1f} MB/s fpi {wal['fpi']:.0f}/s "
+                   f"checkpoints {wal['checkpoints']:.0f} read {wal['blks_read']:.0f}/s")
     out.append("memory (median of first vs last window): private MB (RssAnon) and RSS MB")
     for role, g in report["growth"].items():
         label = "redis (our keys)" if role == "redis" else role
@@ -736,9 +816,10 @@ def write_chart(report: dict, path: Path, title: str) -> None:
     from plotly.subplots import make_subplots
 
     start = report["start"]
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+    fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.05,
                         subplot_titles=("Ingest lag per tick (s): last commit − sample time",
-                                        "Page-update latency p95 per minute (ms)", "Private memory (MB, RssAnon)"))
+                                        "Page-update latency p95 per minute (ms)", "Private memory (MB, RssAnon)",
+                                        "CPU per minute (share of one core)"))
     ticks = [t for t in report["ticks"] if t["lag"] is not None]
     fig.add_scatter(x=[(t["t"] - start) / 60 for t in ticks], y=[t["lag"] for t in ticks], name="ingest lag",
                     mode="lines+markers", row=1, col=1)
@@ -752,10 +833,15 @@ def write_chart(report: dict, path: Path, title: str) -> None:
     for role in JUDGED:
         fig.add_scatter(x=[(s["t"] - start) / 60 for s in report["samples"]],
                         y=[s[role][1] for s in report["samples"]], name=f"{role} MB", mode="lines", row=3, col=1)
+    minutes = [s for i, s in enumerate(report["samples"]) if "cpu" in s and i % 6 == 0]  # samples are 10 s apart
+    for role in CPU_ROLES:
+        pts = [((b["t"] - start) / 60, (b["cpu"][role] - a["cpu"][role]) / (b["t"] - a["t"]))
+               for a, b in zip(minutes, minutes[1:]) if role in a["cpu"] and role in b["cpu"]]
+        fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], name=f"{role} CPU", mode="lines", row=4, col=1)
     for a in report["windows"]:
         fig.add_vline(x=a["from_s"] / 60, line_dash="dot", line_color="grey")
-    fig.update_xaxes(title_text="minutes after the warm-up", row=3, col=1)
-    fig.update_layout(title=title, height=1000, template="plotly_white")
+    fig.update_xaxes(title_text="minutes after the warm-up", row=4, col=1)
+    fig.update_layout(title=title, height=1300, template="plotly_white")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.write_html(str(path), include_plotlyjs=True, full_html=True)
 

@@ -60,6 +60,12 @@ def test_short_soak_keeps_pages_live_and_nothing_grows(settings, tmp_path):
     assert report["lag_p95_s"] is not None and report["lag_p95_s"] < INTERVAL_S
     measured = [w["ticks"] for w in report["windows"]]
     assert all(n >= 1 for n in measured), measured
+    # Where the time went is accounted in every window: ingest cost daphne and PostgreSQL CPU and wrote WAL,
+    # and no window claims more CPU than the machine has (a counter read in the wrong unit or twice would).
+    for w in report["windows"]:
+        assert w["cpu"]["daphne"] > 0 and w["cpu"]["postgres"] > 0 and w["wal"]["mb_s"] > 0, w
+        assert sum(w["cpu"].values()) <= 1.1 * (os.cpu_count() or 1), w["cpu"]
+        assert 0 <= w["machine"]["idle"] <= 1, w["machine"]
     # Nothing grew from the first window to the last: memory, lag, latency, the Celery queue, the rollups.
     assert report["failures"] == [], report["failures"]
 

@@ -33,3 +33,30 @@ def test_memory_growth_past_the_tolerance_fails():
     v = soak_lib.verdict(soak_lib.Tolerance(), rows)
     assert v["failures"] == ["worker private memory 600 → 700 MB"]
     assert round(v["growth"]["worker"]["pct"], 1) == 16.7
+
+
+def test_cpu_of_counts_a_child_that_has_exited_once_reaped():
+    # The postmaster's backends come and go with connections: their time must still count, through the
+    # parent's reaped-children figure. A child that burns ~0.4 s of CPU and exits shows up in ours.
+    import subprocess
+    import sys
+
+    before = soak_lib.cpu_of([soak_lib.os.getpid()], reaped=True)
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"],
+                   check=True)
+    after = soak_lib.cpu_of([soak_lib.os.getpid()], reaped=True)
+    assert after - before >= 0.35
+    assert soak_lib.cpu_of([soak_lib.os.getpid()]) < after  # without reaped, only our own time
+
+
+def test_window_rates_are_per_second_and_per_core():
+    a = {"t": 0.0, "cpu": {"daphne": 10.0, "postgres": 5.0}, "machine": {"idle": 100.0, "iowait": 0.0, "steal": 0.0},
+         "wal": dict.fromkeys(("bytes", "fpi", "checkpoints", "buf_checkpoint", "buf_clean", "buf_backend",
+                               "blks_read"), 0.0)}
+    b = {"t": 100.0, "cpu": {"daphne": 60.0, "postgres": 35.0},
+         "machine": {"idle": 100.0 + 50.0 * soak_lib.os.cpu_count(), "iowait": 0.0, "steal": 0.0},
+         "wal": {**a["wal"], "bytes": 200.0 * soak_lib.MB, "fpi": 1000.0, "checkpoints": 1.0}}
+    r = soak_lib._rates([a, {"t": 50.0}, b])
+    assert r["cpu"] == {"daphne": 0.5, "postgres": 0.3}
+    assert r["machine"]["idle"] == 0.5 and r["wal"]["mb_s"] == 2.0 and r["wal"]["fpi"] == 10.0
+    assert r["wal"]["checkpoints"] == 1.0
