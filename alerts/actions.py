@@ -11,14 +11,16 @@ debounced through Redis:
 3. the flag expires on its own (FLAG_TTL_S), so a lost task (a worker killed, Redis restarted) cannot stall
    evaluation for longer than that; the beat's evaluate every 10 s is the backstop;
 4. a triggered run starts no sooner than PACE times its predecessor's duration after that one started
-   (at most MAX_PACING_S later): evaluation takes at most about half a worker slot however fast commits
-   come. On bench/fault_to_page's 176 GPUs a pass took 0.05 s, so the pacing is ~0.1 s. At 16k GPUs a
-   pass takes ~1 s and commits arrive all through each 10 s tick, so unpaced runs went back to back (75 a
-   minute, 35-55 s of a worker's minute), and the 2-core soak fell behind on ingest. Each commit still
-   reaches a run at most about one pass later, which keeps fault-to-page well inside its 5 s target.
+   (at most MAX_PACING_S later), so evaluation keeps to about 1/PACE of a worker slot (and of the
+   database's time, where most of a pass is spent) however fast commits come. On bench/fault_to_page's
+   176 GPUs a pass took 0.05 s, so the pacing is the minimum spacing below. At 16k GPUs commits arrive
+   all through each 10 s tick: unpaced runs went back to back (75 a minute, 35-55 s of a worker's minute)
+   and the 2-core soak fell behind on ingest. With PACE 2 the 2026-12-02 soak still ran ~55 passes a
+   minute averaging 0.45 s, ~25 s of every minute, mostly in PostgreSQL, re-reading a fleet whose samples
+   arrive every 10 s; PACE 6 holds a 0.45-s pass to one every ~2.7 s. A commit reaches a run at most
+   MAX_PACING_S plus one pass later, which keeps fault-to-page inside its 5 s target at any size.
    And never sooner than MIN_SPACING_S after its predecessor started: once a 16k-GPU pass fell to ~0.2 s
-   (rate rules on their own cadence), PACE alone let ~110 runs a minute through, 21 s of a worker's
-   minute re-reading a fleet whose samples arrive every 10 s.
+   (rate rules on their own cadence), pacing by duration alone let ~110 runs a minute through.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 FLAG_TTL_S = 30
-PACE = 2.0
+PACE = 6.0
 MIN_SPACING_S = 1.0
 MAX_PACING_S = 3.0
 _client: redis.Redis | None = None

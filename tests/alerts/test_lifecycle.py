@@ -226,15 +226,16 @@ def _etas(queue_name: str) -> list[float | None]:
 
 
 def test_triggered_evaluations_are_paced_by_the_last_ones_duration(queue):
-    """A pass that took 1 s and started just now: the next triggered run is due ~2 s after it started,
-    so evaluation takes at most about half a worker slot; an old pass delays nothing, and a short one
-    that just started holds the next for the minimum spacing."""
+    """A pass that took 0.4 s and started just now: the next triggered run is due PACE times that after it
+    started (2.4 s), so evaluation keeps to about a sixth of a worker slot; an old pass delays nothing, a
+    pathological one is capped, and a short one that just started holds the next for the minimum spacing."""
     import time as clock
 
-    record_evaluation(clock.time(), 1.0)
+    assert PACE * 0.4 < MAX_PACING_S  # the first case below is paced by duration, not by the cap
+    record_evaluation(clock.time(), 0.4)
     schedule_evaluation()
     [delay] = _etas(settings.CELERY_TASK_DEFAULT_QUEUE)
-    assert delay is not None and 1.5 < delay <= PACE * 1.0 + 0.1
+    assert delay is not None and PACE * 0.4 - 0.5 < delay <= PACE * 0.4 + 0.1
     clear_evaluation_flag()
     record_evaluation(clock.time() - 60, 1.0)  # long ago
     schedule_evaluation()

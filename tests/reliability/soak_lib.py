@@ -747,7 +747,8 @@ def progress_line(cfg: SoakConfig, sampler: Sampler, clients: list[Client], row:
     cpu = ""
     if past and "cpu" in row:
         r = _rates([past[-1], row])
-        cpu = " cpu " + " ".join(f"{k}={v:.2f}" for k, v in r["cpu"].items()) + f" idle={100 * r['machine']['idle']:.0f}%"
+        cpu = " cpu " + " ".join(f"{k}={v:.2f}" for k, v in r["cpu"].items())
+        cpu += f" idle={100 * r['machine']['idle']:.0f}%"
     return (f"{int(elapsed // 60):02d}:{int(elapsed % 60):02d}{' warm-up' if warming else ''} "
             f"ticks={len(lags)} lag_p95={_fmt(pct(lags, 95))}s update_p95="
             f"{'-' if p95 is None else f'{p95 * 1000:.0f}'}ms msgs/min={msgs} private_MB {mem} "
@@ -836,7 +837,7 @@ def write_chart(report: dict, path: Path, title: str) -> None:
     minutes = [s for i, s in enumerate(report["samples"]) if "cpu" in s and i % 6 == 0]  # samples are 10 s apart
     for role in CPU_ROLES:
         pts = [((b["t"] - start) / 60, (b["cpu"][role] - a["cpu"][role]) / (b["t"] - a["t"]))
-               for a, b in zip(minutes, minutes[1:]) if role in a["cpu"] and role in b["cpu"]]
+               for a, b in zip(minutes, minutes[1:], strict=False) if role in a["cpu"] and role in b["cpu"]]
         fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], name=f"{role} CPU", mode="lines", row=4, col=1)
     for a in report["windows"]:
         fig.add_vline(x=a["from_s"] / 60, line_dash="dot", line_color="grey")

@@ -42,8 +42,8 @@ def test_cpu_of_counts_a_child_that_has_exited_once_reaped():
     import sys
 
     before = soak_lib.cpu_of([soak_lib.os.getpid()], reaped=True)
-    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"],
-                   check=True)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
     after = soak_lib.cpu_of([soak_lib.os.getpid()], reaped=True)
     assert after - before >= 0.35
     assert soak_lib.cpu_of([soak_lib.os.getpid()]) < after  # without reaped, only our own time

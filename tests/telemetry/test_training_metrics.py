@@ -110,3 +110,37 @@ def test_whole_and_fractional_numbers_mix_in_a_batch_and_a_number_past_a_double_
     bad = post([{"rank": 2, "step": 1, "loss": 1.0}, {"rank": 3, "step": 1, "grad_norm": 10**400}])
     assert bad.status_code == 400 and bad.json()["error"]["where"] == "$.records[1].grad_norm"
     assert len(_rows()) == 2  # nothing of the refused batch
+
+
+def test_a_job_remembered_by_id_that_was_deleted_or_names_another_job_gets_its_steps_all_the_same(client):
+    """The endpoint remembers each job's id between requests (telemetry.api.training._JOB_IDS). Steps for a job
+    deleted since go to its new row, and a remembered id that names another job never receives them."""
+    from telemetry.api import training
+
+    token = do_create_collector_token("trainer")
+
+    def post(job, step):
+        body = {"job": job, "records": [{"rank": 0, "step": step, "time": f"2026-11-30T12:00:{step:02d}Z"}]}
+        return client.post("/api/v1/training", data=json.dumps(body), content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def steps_of(external_id):
+        with connection.cursor() as cur:
+            cur.execute("SELECT s.step FROM telemetry_training_step s JOIN telemetry_job j ON j.id = s.job_id "
+                        "WHERE j.source = 'slurm' AND j.external_id = %s ORDER BY s.step", [external_id])
+            return [r[0] for r in cur.fetchall()]
+
+    assert post("slurm:77", 1).status_code == 200
+    first = Job.objects.get(external_id="77")
+    assert training._JOB_IDS[("slurm", "77")] == first.id
+    first.delete()
+    assert post("slurm:77", 2).status_code == 200
+    again = Job.objects.get(external_id="77")
+    assert again.id != first.id and steps_of("77") == [2]
+    assert training._JOB_IDS[("slurm", "77")] == again.id
+
+    other = Job.objects.create(source="slurm", external_id="78", state="running")
+    training._JOB_IDS[("slurm", "77")] = other.id  # as if ids had been reused
+    assert post("slurm:77", 3).status_code == 200
+    assert steps_of("77") == [2, 3] and steps_of("78") == []
+    assert training._JOB_IDS[("slurm", "77")] == again.id
