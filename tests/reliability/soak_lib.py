@@ -294,15 +294,20 @@ class TickReader(threading.Thread):
 
 # --- memory ------------------------------------------------------------------------------------------------
 
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses): [0] is the state,
+    [1] the parent, [11]/[12] user/system time and [13]/[14] those of waited-for children, in clock ticks."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _children() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                stat = Path(entry.path, "stat").read_text()
+                ppid = int(_stat(int(entry.name))[1])
             except OSError:
                 continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
             kids.setdefault(ppid, []).append(int(entry.name))
     return kids
 
@@ -327,7 +332,7 @@ def cpu_of(pids: list[int], reaped: bool = False) -> float:
     total = 0
     for pid in pids:
         try:
-            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            f = _stat(pid)
         except OSError:
             continue
         total += int(f[11]) + int(f[12]) + (int(f[13]) + int(f[14]) if reaped else 0)
@@ -336,10 +341,9 @@ def cpu_of(pids: list[int], reaped: bool = False) -> float:
 
 def machine_cpu() -> dict[str, float]:
     """The whole machine's CPU seconds so far by state, from /proc/stat (steal: taken by the hypervisor)."""
-    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    user, nice, system, idle, iowait, irq, softirq, steal = f
-    return {"busy": (user + nice + system + irq + softirq) / TICKS_PER_S, "idle": idle / TICKS_PER_S,
-            "iowait": iowait / TICKS_PER_S, "steal": steal / TICKS_PER_S}
+    _user, _nice, _system, idle, iowait, _irq, _softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+    return {"idle": idle / TICKS_PER_S, "iowait": iowait / TICKS_PER_S, "steal": steal / TICKS_PER_S}
 
 
 def memory_of(pids: list[int]) -> tuple[float, float]:
@@ -469,8 +473,7 @@ class Sampler:
         self._seen = 0
         # The postmaster (a backend's parent) accounts for every PostgreSQL process of the cluster, ours or not:
         # during a soak nothing else runs on it.
-        ppid = Path(f"/proc/{self.db.info.backend_pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-        self.postmaster = int(ppid)
+        self.postmaster = int(_stat(self.db.info.backend_pid)[1])
 
     def close(self) -> None:
         self.db.close()
@@ -834,7 +837,10 @@ def write_chart(report: dict, path: Path, title: str) -> None:
     for role in JUDGED:
         fig.add_scatter(x=[(s["t"] - start) / 60 for s in report["samples"]],
                         y=[s[role][1] for s in report["samples"]], name=f"{role} MB", mode="lines", row=3, col=1)
-    minutes = [s for i, s in enumerate(report["samples"]) if "cpu" in s and i % 6 == 0]  # samples are 10 s apart
+    minutes: list[dict] = []  # one sample a minute, whatever the sampling period
+    for sample in report["samples"]:
+        if "cpu" in sample and (not minutes or sample["t"] - minutes[-1]["t"] >= 60):
+            minutes.append(sample)
     for role in CPU_ROLES:
         pts = [((b["t"] - start) / 60, (b["cpu"][role] - a["cpu"][role]) / (b["t"] - a["t"]))
                for a, b in zip(minutes, minutes[1:], strict=False) if role in a["cpu"] and role in b["cpu"]]
