@@ -36,7 +36,7 @@ import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
-from time import monotonic, perf_counter
+from time import monotonic, perf_counter, sleep
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -74,6 +74,8 @@ OPEN_SETTLE = timedelta(seconds=15)
 # Stop catching up after this long so a beat tick never runs into the next; the rest of a
 # backlog is picked up by the next pass.
 RUN_BUDGET_SECONDS = 20.0
+# How often a pass that must wait for another process's rollup lock looks again (see run_rollups).
+LOCK_POLL_SECONDS = 0.05
 # First half of the advisory-lock key, so rollup locks never collide with other users' locks.
 LOCK_NAMESPACE = 0x42574B52  # "BWKR"
 
@@ -269,7 +271,13 @@ def run_rollups(now: datetime | None = None) -> list[RollupRun]:
     """Bring every rollup up to date; safe to call again or from two processes at once."""
     now = _aware(now)
     deadline = monotonic() + RUN_BUDGET_SECONDS
-    runs = [_run_one(r, now, deadline) for r in ROLLUPS]
+    runs: list[RollupRun] = []
+    for r in ROLLUPS:
+        source = next((run for run in runs if run.name == r.depends_on), None)
+        # When this pass moved a 1h rollup's 1m source, another process holding the 1h lock may have
+        # read the source's watermark before it moved, so skipping would leave the hour it finished
+        # open until the next pass: wait for that process instead (two workers running one pass did).
+        runs.append(_run_one(r, now, deadline, wait=source is not None and source.slices > 0 and not source.skipped))
     for run in runs:
         if run.skipped:
             logger.info("rollup %s skipped: another process holds its lock", run.name)
@@ -279,7 +287,7 @@ def run_rollups(now: datetime | None = None) -> list[RollupRun]:
     return runs
 
 
-def _run_one(r: Rollup, now: datetime, deadline: float) -> RollupRun:
+def _run_one(r: Rollup, now: datetime, deadline: float, wait: bool = False) -> RollupRun:
     """Catch one rollup up to its final edge, then redo its open buckets.
 
     1. Each slice runs in its own transaction, which first takes the rollup's advisory lock
@@ -296,7 +304,11 @@ def _run_one(r: Rollup, now: datetime, deadline: float) -> RollupRun:
        `now`, at most every `OPEN_REFRESH` within one open hour; a 1m rollup the minutes that
        ended, once a minute (`OPEN_SETTLE`).
     5. If the run budget is spent first, stop; the next pass continues from the watermark.
+
+    With `wait`, a lock held by another process is waited for (until the deadline) before step 1.
     """
+    if wait:
+        _wait_for_lock(r, deadline)
     rows = slices = 0
     ms = 0.0
     while True:
@@ -380,6 +392,15 @@ def _open_is_fresh(r: Rollup, mark: RollupWatermark, now: datetime) -> bool:
         return False
     same_bucket = floor_bucket(last, r.interval) == floor_bucket(now, r.interval)
     return same_bucket and timedelta(0) <= now - last < OPEN_REFRESH[r.resolution]
+
+
+def _wait_for_lock(r: Rollup, deadline: float) -> None:
+    """Return once nobody holds the rollup's lock (taken and released at once), or at the deadline."""
+    while monotonic() < deadline:
+        with transaction.atomic():
+            if _try_lock(r):
+                return
+        sleep(LOCK_POLL_SECONDS)
 
 
 def _try_lock(r: Rollup) -> bool:

@@ -288,6 +288,36 @@ def test_rollup_locked_by_another_process_is_skipped():
     assert count_rows("telemetry_gpu_sample_1m") == 1
 
 
+@pytest.mark.django_db
+def test_an_hour_whose_minutes_this_pass_finished_waits_for_another_process_instead_of_skipping():
+    """Two workers running one pass: one rolls up the minutes, the other, finding their lock held, goes on to the
+    hours and holds that lock while it works from the minutes' old watermark. The first must not skip the hours
+    then, or the hour it just completed stays open until the next pass."""
+    import threading
+
+    insert_sample("gpu", 1, T0, gpu_util=1.0)
+    insert_sample("gpu", 1, T0 + 70 * MIN, gpu_util=2.0)
+    held, release = threading.Event(), threading.Event()
+
+    def other_worker():
+        with _other_connection() as other, other.transaction():
+            other.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, BY_NAME["gpu_1h"].lock_key])
+            held.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    assert held.wait(5)
+    threading.Timer(0.5, release.set).start()
+    t0 = time.monotonic()
+    runs = run_rollups(NOW)
+    thread.join()
+    assert not _run("gpu_1h", runs).skipped
+    assert time.monotonic() - t0 >= 0.4  # it waited for the other worker's lock
+    assert _mark("gpu_1m") == NOW - MIN and _mark("gpu_1h") == T0 + 60 * MIN
+    assert not _run("mig_1h", runs).skipped  # nothing waits on a lock nobody holds
+
+
 @pytest.mark.django_db(transaction=True)
 def test_task_runs_in_a_real_celery_worker():
     from celery.contrib.testing.worker import start_worker
