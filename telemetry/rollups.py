@@ -274,9 +274,10 @@ def run_rollups(now: datetime | None = None) -> list[RollupRun]:
     runs: list[RollupRun] = []
     for r in ROLLUPS:
         source = next((run for run in runs if run.name == r.depends_on), None)
-        # When this pass moved a 1h rollup's 1m source, another process holding the 1h lock may have
-        # read the source's watermark before it moved, so skipping would leave the hour it finished
-        # open until the next pass: wait for that process instead (two workers running one pass did).
+        # When this pass worked on a 1h rollup's 1m source (caught it up or refreshed it), another
+        # process holding the 1h lock may have read the source before that, so skipping would leave
+        # the hour just finished open until the next pass: wait for that process instead (two workers
+        # running one pass did).
         runs.append(_run_one(r, now, deadline, wait=source is not None and source.slices > 0 and not source.skipped))
     for run in runs:
         if run.skipped:
