@@ -114,6 +114,29 @@ def p95(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent working so far (user, nice, system, irq, softirq), from /proc/stat;
+    idle, I/O wait and steal (time the hypervisor gave to others) are not work done here."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class Span:
+    """Wall time and the machine's CPU time of one timed section: `with Span() as s: ...; s.wall, s.cpu`.
+
+    The CPU figure is every process's (server, database, this client), which is what a section costs a machine
+    whose cores it shares; /proc/stat counts in clock ticks (10 ms), so sum it over several sections."""
+
+    def __enter__(self) -> Span:
+        self.cpu0, self.t0 = machine_busy_s(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall = time.perf_counter() - self.t0
+        self.cpu = machine_busy_s() - self.cpu0
+
+
 def result(name: str, figure: str, value: float, target: float, passed: bool, **extra) -> None:
     tail = "".join(f" {k}={v}" for k, v in extra.items())
     print(f"RESULT {name} {figure}={value:.2f} target={target}{tail} {'PASS' if passed else 'FAIL'}", flush=True)
