@@ -24,14 +24,6 @@ class CollectorHandler(ASGIHandler):
     Same URLs, views and error handling as the site; only the middleware differs (why: settings.py).
     """
 
-    async def __call__(self, scope, receive, send):
-        # Django wraps every request in a ThreadSensitiveContext, which gives it a one-thread executor of its own:
-        # a thread started and stopped per request, ~0.2 ms of the web process's CPU, only so that
-        # response.close() (the request_finished signal) runs there. The collector views do their blocking work
-        # in the admission gate's worker threads and manage their connections there (telemetry.api.views), so
-        # here that call goes to asgiref's shared sync thread instead, as a sync view's would without a context.
-        await self.handle(scope, receive, send)
-
     def load_middleware(self, is_async=False):
         # BaseHandler builds its chain from settings.MIDDLEWARE; swapped for this handler alone, once,
         # while the module loads (one thread, before any request).

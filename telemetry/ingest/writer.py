@@ -49,7 +49,7 @@ _STAGES_CREATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Stages filled in the current transaction of each connection (see _stage).
 _STAGES_USED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 NARROW_STAGE = "bw_stage_narrow"
-DIRECT_SAVEPOINT = "SAVEPOINT bw_direct_copy"
+DIRECT_SAVEPOINT = "bw_direct_copy"
 
 
 @dataclass
@@ -192,11 +192,11 @@ def _write_frame(frame: Frame, ids: list, faults: list) -> int:
         # The savepoint is plain SQL on this cursor and never released (the commit releases it): Django's
         # atomic() cost a second round trip (RELEASE) and ~0.2 ms of its own bookkeeping for every frame,
         # and a failed COPY on this bare cursor never reaches Django's error handling anyway.
-        cur.execute(DIRECT_SAVEPOINT)
+        cur.execute(f"SAVEPOINT {DIRECT_SAVEPOINT}")
         try:
             _copy(cur, sql.copy_direct, payload)
         except psycopg.errors.UniqueViolation:
-            cur.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT.split()[-1]}")
+            cur.execute(f"ROLLBACK TO SAVEPOINT {DIRECT_SAVEPOINT}")
             _stage(cur, sql, payload)
             cur.execute(sql.merge)
         else:

@@ -340,10 +340,12 @@ def cpu_of(pids: list[int], reaped: bool = False) -> float:
 
 
 def machine_cpu() -> dict[str, float]:
-    """The whole machine's CPU seconds so far by state, from /proc/stat (steal: taken by the hypervisor)."""
-    _user, _nice, _system, idle, iowait, _irq, _softirq, steal = (
+    """The whole machine's CPU seconds so far by state, from /proc/stat (steal: taken by the hypervisor; busy: work
+    done here, i.e. user, nice, system, irq and softirq, without idle, I/O wait and steal)."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (
         int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
-    return {"idle": idle / TICKS_PER_S, "iowait": iowait / TICKS_PER_S, "steal": steal / TICKS_PER_S}
+    return {"idle": idle / TICKS_PER_S, "iowait": iowait / TICKS_PER_S, "steal": steal / TICKS_PER_S,
+            "busy": (user + nice + system + irq + softirq) / TICKS_PER_S}
 
 
 def memory_of(pids: list[int]) -> tuple[float, float]:
