@@ -41,8 +41,11 @@ DEFAULT_RULES: list[dict] = [
      "summary": "A rank of job {entity} is straggling"},
     {"name": "JobDivergence", "kind": RuleKind.JOB, "entity": "job", "metric": "divergence", "severity": "critical",
      "summary": "Job {entity} is diverging (loss spike or NaN)"},
-    {"name": "NodeDown", "kind": RuleKind.NODE_DOWN, "entity": "node", "threshold": 180, "severity": "critical",
-     "summary": "Node {entity} has not reported for {value:.0f} s"},
+    # No threshold: the health model's rule decides (two of the source's intervals plus the push delay).
+    {"name": "NodeDown", "kind": RuleKind.NODE_DOWN, "entity": "node", "severity": "critical",
+     "summary": "Node {entity}: {detail}"},
+    {"name": "GpuNoData", "kind": RuleKind.NODE_DOWN, "entity": "gpu", "severity": "warning",
+     "summary": "{entity}: {detail}"},
 ]
 
 

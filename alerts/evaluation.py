@@ -7,7 +7,7 @@ into `Observation`s (labels: alertname, severity, the rule's labels, the entity'
 and handed to the lifecycle, which fires, merges and resolves.
 
 Kinds and where they read:
-- threshold: a field of a last-value table (`telemetry_*_sample_latest`), fresh rows only (STALE_AFTER);
+- threshold: a field of a last-value table (`telemetry_*_sample_latest`), fresh rows only (`telemetry.health`);
   per GPU, node (its worst GPU), rack (its worst GPU, the worst power device feeding it, or its draw
   `draw_w` / `pct_of_cap` from the power selector) or port;
 - rate: a counter's increase over `window_seconds` in the raw hypertable, per minute (a drop is a counter
@@ -26,14 +26,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 
 from alerts.lifecycle import Observation, apply_observations, do_hold_pending, do_resolve_orphans, lock_lifecycle
 from alerts.models import AlertState, EntityKind, Rule, RuleKind, RulePending
+from telemetry import health
 from telemetry.fields import COUNTER, KINDS
-from telemetry.models import Gpu, GpuEvent, GpuEventKind, Node, Port, PowerDevice, Rack, Switch
+from telemetry.models import Gpu, GpuEvent, GpuEventKind, Node, NodeState, Port, PowerDevice, Rack, Switch
 from telemetry.xid import describe, effective_action
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def _source(rule: Rule) -> str:
 def _latest_sql(source: str, metric: str) -> str:
     kind = KINDS[source]
     return (f"SELECT l.{kind.entity_column} AS id, l.{metric}::float8 AS v FROM {kind.latest_table} l "
-            f"WHERE l.time >= %(fresh)s AND l.{metric} IS NOT NULL")
+            f"WHERE {health.FRESH_SQL} AND l.{metric} IS NOT NULL")
 
 
 def _rate_sql(source: str, metric: str, *, only_ids: bool) -> str:
@@ -183,7 +183,7 @@ def _threshold(rule: Rule, now: datetime) -> list[Hit]:
         return _rack_power(rule, now)
     source = _source(rule)
     sql = _latest_sql(source, _field(rule, source))
-    return _matching(rule, source, sql, {"fresh": now - settings.STALE_AFTER})
+    return _matching(rule, source, sql, health.sql_params(now))
 
 
 def _rack_power(rule: Rule, now: datetime) -> list[Hit]:
@@ -261,14 +261,38 @@ def _job(rule: Rule, now: datetime) -> list[Hit]:
 
 
 def _node_down(rule: Rule, now: datetime) -> list[Hit]:
-    limit = rule.threshold if rule.threshold is not None else settings.STALE_AFTER.total_seconds()
-    with connection.cursor() as cur:
-        cur.execute(f"""SELECT g.node_id, max(l.time) FROM {KINDS["gpu"].latest_table} l
-                        JOIN {GPU} g ON g.id = l.gpu_id GROUP BY g.node_id
-                        HAVING max(l.time) < %s""", [now - timedelta(seconds=limit)])
-        rows = cur.fetchall()
-    return [Hit(EntityKind.NODE, node_id, round((now - last).total_seconds()),
-                annotations={"last_report": last.isoformat()}) for node_id, last in rows]
+    """Hardware that stopped reporting, by the health model's rule (two of its own collection intervals
+    plus the push delay; `telemetry.health`): for entity "node", a node whose every GPU has no data or
+    that the scheduler reports down; for entity "gpu", a silent GPU on a node that still reports. A
+    threshold, when set, is a minimum age in seconds on top. Never-reported hardware is not "down"."""
+    rows = health.gpu_states(now=now)  # one cheap pass; the details only for the silent GPUs
+    details = health.gpu_health([r[0] for r in rows if r[3] == "stale"], now=now)
+    by_node: dict[int, list] = {}
+    for gpu_id, node_id, _, state, _ in rows:
+        by_node.setdefault(node_id, []).append((gpu_id, details.get(gpu_id) or health.Health(
+            state, state, "", None, None, True)))
+    silent_nodes = {n for n, gpus in by_node.items()
+                    if all(h.state == "stale" for _, h in gpus) and any(h.age_s is not None for _, h in gpus)}
+    def old_enough(age: float) -> bool:
+        return rule.threshold is None or age >= rule.threshold
+
+    hits = []
+    if rule.entity == EntityKind.GPU:
+        for node_id, gpus in by_node.items():
+            if node_id in silent_nodes:
+                continue
+            hits += [Hit(EntityKind.GPU, gpu_id, round(h.age_s), annotations={"detail": h.detail})
+                     for gpu_id, h in gpus if h.state == "stale" and h.age_s is not None and old_enough(h.age_s)]
+        return hits
+    down = set(Node.objects.filter(state=NodeState.DOWN).values_list("id", flat=True))
+    for node_id in silent_nodes | down:
+        ages = [h.age_s for _, h in by_node.get(node_id, []) if h.age_s is not None]
+        age = min(ages) if ages else None
+        if node_id in down or (age is not None and old_enough(age)):
+            detail = "down in the scheduler" if node_id in down else health.age_text(age)
+            hits.append(Hit(EntityKind.NODE, node_id, None if age is None else round(age),
+                            annotations={"detail": detail}))
+    return hits
 
 
 EVALUATORS = {
@@ -340,7 +364,7 @@ def _default_summary(rule: Rule, display: str, hit: Hit) -> str:
     if rule.kind == RuleKind.XID:
         return f"XID {v:.0f} ({ann['xid_name']}) on {display}; recommended: {ann['action'].replace('_', ' ')}"
     if rule.kind == RuleKind.NODE_DOWN:
-        return f"{display} has not reported for {v:.0f} s"
+        return f"{display} has not reported for {v:.0f} s" if v is not None else f"{display}: {ann['detail']}"
     if rule.kind == RuleKind.JOB:
         return f"job {display}: {ann.get('detail') or rule.metric}"
     what = {RuleKind.ANOMALY: "anomaly score", RuleKind.RISK: "failure risk"}.get(rule.kind, rule.metric)
@@ -349,9 +373,10 @@ def _default_summary(rule: Rule, display: str, hit: Hit) -> str:
 
 
 def _summary(rule: Rule, display: str, hit: Hit, labels: dict) -> str:
-    """The rule's template ({entity}, {value}, {threshold}, {metric}, any label) or a default."""
+    """The rule's template ({entity}, {value}, {threshold}, {metric}, any label or annotation) or a default."""
     if rule.summary:
-        ctx = _Template(labels, entity=display, value=hit.value, threshold=rule.threshold, metric=rule.metric)
+        ctx = _Template({**hit.annotations, **labels}, entity=display, value=hit.value, threshold=rule.threshold,
+                        metric=rule.metric)
         try:
             return rule.summary.format_map(ctx)[:300]
         except (KeyError, IndexError, ValueError, TypeError, AttributeError) as exc:

@@ -27,6 +27,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from alerts import live
 from alerts.audit import actor_name, do_audit
 from alerts.matching import fingerprint
 from alerts.models import (
@@ -229,6 +230,7 @@ def _route(alert_ids: list[int], now: datetime) -> None:
     from alerts.routing import do_route_alerts  # late: routing imports the lifecycle's models and more
 
     do_route_alerts(alert_ids, now)
+    live.publish_on_commit(live.ALERTS)
 
 
 def _run_playbooks_on_commit(alert_ids: list[int]) -> None:

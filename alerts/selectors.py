@@ -28,6 +28,7 @@ from alerts.models import (
     RemediationAction,
     Route,
     Rule,
+    Severity,
     Silence,
 )
 from telemetry.models import Port
@@ -100,6 +101,19 @@ def open_alerts(limit: int = LIST_LIMIT) -> list[dict]:
     """Firing and acknowledged alerts, most severe first, then newest."""
     qs = Alert.objects.filter(state__in=OPEN_STATES).select_related("acked_by").order_by("-starts_at")[:limit]
     return sorted((alert_row(a) for a in qs), key=lambda r: SEVERITY_ORDER.get(r["severity"], 9))
+
+
+def open_alert_counts() -> dict:
+    """Open alerts by severity, and how many are firing unacknowledged: the one count the alerts list,
+    the fleet page and the API show, so they cannot disagree."""
+    rows = Alert.objects.filter(state__in=OPEN_STATES).values_list("severity", "state").annotate(n=Count("pk"))
+    by_severity = {s.value: 0 for s in Severity}
+    firing = total = 0
+    for severity, state, n in rows:
+        by_severity[severity] = by_severity.get(severity, 0) + n
+        total += n
+        firing += n if state == AlertState.FIRING else 0
+    return {"open": total, "firing": firing, "by_severity": by_severity}
 
 
 @dataclass(frozen=True)

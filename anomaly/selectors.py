@@ -1,7 +1,8 @@
 """Reads of the anomaly app: the open and recent anomaly events, current scores and risks.
 
 Other apps read anomalies only through these functions (the fleet summary, the heatmaps, the
-drill-down pages, and the alert rules of the alerts app).
+drill-down pages, and the alert rules of the alerts app). Every list of events comes out of
+`anomaly.display.rows`, so each of them names entities, metrics and units the same way.
 """
 
 from __future__ import annotations
@@ -11,54 +12,39 @@ from datetime import datetime
 from django.db import connection
 from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Q, QuerySet
 
+from anomaly.display import rows
 from anomaly.models import Anomaly, AnomalyKind, EntityScore
-from telemetry.models import Gpu
+from telemetry.models import Gpu, Link
 from telemetry.selectors.fleet import iso_utc
+from telemetry.selectors.names import gpu_names
 
 RISK_LIST_MIN = 0.05  # GPUs below this failure risk are not listed as "at risk"
 
 
-def entity_url(entity_kind: str, entity_id: str) -> str | None:
-    """The drill-down page of an anomaly's entity, where there is one."""
-    if entity_kind == "gpu":
-        return f"/gpus/{entity_id}/"
-    if entity_kind == "port" and entity_id.isdigit():
-        return f"/ports/{entity_id}/"
-    if entity_kind in ("job", "rank"):
-        return f"/jobs/{entity_id.split('#')[0]}/"
-    if entity_kind == "rack":
-        return f"/search/?q={entity_id}"
-    return None
-
-
-def _row(a: Anomaly) -> dict:
-    # A port's id means nothing to an operator; its "switch:port" name (kept in host) does.
-    label = a.host if a.entity_kind == "port" and a.host else a.entity_id
-    return {"id": a.pk, "kind": a.kind, "kind_label": AnomalyKind(a.kind).label, "entity_kind": a.entity_kind,
-            "entity_id": a.entity_id, "label": label, "host": a.host, "url": entity_url(a.entity_kind, a.entity_id),
-            "score": round(a.score, 3), "last_score": round(a.last_score, 3), "summary": a.summary,
-            "contributions": a.contributions, "started_at": iso_utc(a.started_at), "last_seen": iso_utc(a.last_seen),
-            "ended_at": iso_utc(a.ended_at) if a.ended_at else None, "colour": AnomalyKind.colour(a.kind)}
-
-
-def fleet_anomalies(limit: int = 8) -> dict:
-    """For the overview: open anomalies by kind, the strongest ones, and the GPUs most at risk."""
+def fleet_anomalies(limit: int = 8, *, failed_gpu_ids: tuple[int, ...] = ()) -> dict:
+    """For the overview: open anomalies by kind, the strongest ones, and the GPUs most at risk (those
+    the health model calls failed first: their risk is not a forecast, they have failed)."""
     open_qs = Anomaly.objects.filter(ended_at=None)
     by_kind = dict(open_qs.values_list("kind").annotate(n=Count("id")).order_by())
-    top = [_row(a) for a in open_qs.exclude(kind=AnomalyKind.FAILURE_RISK).order_by("-score", "-started_at")[:limit]]
+    top = rows(open_qs.exclude(kind=AnomalyKind.FAILURE_RISK).order_by("-score", "-started_at")[:limit])
     scored = EntityScore.objects.aggregate(a=Max("anomaly_at"), r=Max("risk_at"))
-    return {"open": sum(by_kind.values()), "by_kind": by_kind, "top": top, "at_risk": gpus_at_risk(limit),
+    return {"open": sum(by_kind.values()), "by_kind": by_kind, "top": top,
+            "at_risk": gpus_at_risk(limit, failed_gpu_ids=failed_gpu_ids),
             "scored_at": iso_utc(scored["a"]) if scored["a"] else None,
             "risk_at": iso_utc(scored["r"]) if scored["r"] else None}
 
 
-def gpus_at_risk(limit: int = 8) -> list[dict]:
-    """GPUs with the highest current failure risk (at least RISK_LIST_MIN), newest scores only."""
-    rows = list(EntityScore.objects.filter(entity_kind="gpu", failure_risk__gte=RISK_LIST_MIN)
-                .order_by("-failure_risk")[:limit].values_list("entity_id", "failure_risk", "risk_version"))
-    hosts = dict(Gpu.objects.filter(uuid__in=[r[0] for r in rows]).values_list("uuid", "node__hostname"))
-    return [{"uuid": u, "host": hosts.get(u, ""), "risk": round(p, 4), "version": v, "url": f"/gpus/{u}/"}
-            for u, p, v in rows]
+def gpus_at_risk(limit: int = 8, *, failed_gpu_ids: tuple[int, ...] = ()) -> list[dict]:
+    """GPUs with the highest current failure risk (at least RISK_LIST_MIN), newest scores only; failed
+    GPUs first at 100 %."""
+    failed = list(Gpu.objects.filter(id__in=list(failed_gpu_ids)).order_by("id")
+                  .values_list("uuid", flat=True)[:limit])
+    found = [(u, 1.0, "failed") for u in failed] + list(
+        EntityScore.objects.filter(entity_kind="gpu", failure_risk__gte=RISK_LIST_MIN).exclude(entity_id__in=failed)
+        .order_by("-failure_risk")[:limit - len(failed)].values_list("entity_id", "failure_risk", "risk_version"))
+    names = gpu_names(r[0] for r in found)
+    return [{"uuid": u, "name": names.get(u, {}).get("name", u), "host": names.get(u, {}).get("host", ""),
+             "risk": round(p, 4), "version": v, "url": f"/gpus/{u}/"} for u, p, v in found]
 
 
 def anomaly_list(*, kind: str | None = None, q: str = "", state: str = "open", since: datetime | None = None,
@@ -73,13 +59,12 @@ def anomaly_list(*, kind: str | None = None, q: str = "", state: str = "open", s
         qs = qs.filter(Q(entity_id__icontains=q) | Q(host__icontains=q) | Q(summary__icontains=q))
     if since:
         qs = qs.filter(Q(ended_at=None) | Q(ended_at__gte=since))
-    return [_row(a) for a in qs.order_by("-started_at")[:limit]]
+    return rows(qs.order_by("-started_at")[:limit])
 
 
 def entity_anomalies(entity_kind: str, entity_id: str, limit: int = 20) -> list[dict]:
     """One entity's anomaly events, open and closed, newest first (a drill-down page's list)."""
-    qs = Anomaly.objects.filter(entity_kind=entity_kind, entity_id=entity_id).order_by("-started_at")[:limit]
-    return [_row(a) for a in qs]
+    return rows(Anomaly.objects.filter(entity_kind=entity_kind, entity_id=entity_id).order_by("-started_at")[:limit])
 
 
 def gpu_scores(column: str) -> dict[int, float]:
@@ -118,7 +103,7 @@ def scoring_times() -> dict:
 def _open_first(qs: QuerySet, limit: int) -> list[dict]:
     """Open events first (what needs a look now), then the closed ones, each newest first."""
     is_open = ExpressionWrapper(Q(ended_at=None), output_field=BooleanField())
-    return [_row(a) for a in qs.annotate(open_now=is_open).order_by("-open_now", "-started_at")[:limit]]
+    return rows(qs.annotate(open_now=is_open).order_by("-open_now", "-started_at")[:limit])
 
 
 def entity_events(entity_kind: str, entity_id: str, limit: int = 20) -> list[dict]:
@@ -127,10 +112,18 @@ def entity_events(entity_kind: str, entity_id: str, limit: int = 20) -> list[dic
 
 
 def host_anomalies(host: str, limit: int = 30) -> list[dict]:
-    """A node's events, open first: those raised on the host and those of the GPUs in it now (a
-    GPU's event carries the host it was in when raised, so both halves are asked for)."""
+    """A node's events, open first: those raised on the host, those of the GPUs in it now (a GPU's
+    event carries the host it was in when raised, so both halves are asked for), and those of the
+    switch ports its cables end on (a port's event carries the switch's name, not the node's)."""
     uuids = Gpu.objects.filter(node__hostname=host).values("uuid")
-    return _open_first(Anomaly.objects.filter(Q(host=host) | Q(entity_kind="gpu", entity_id__in=uuids)), limit)
+    ports = [str(p) for p in _cabled_switch_ports(host)]
+    return _open_first(Anomaly.objects.filter(Q(host=host) | Q(entity_kind="gpu", entity_id__in=uuids)
+                                              | Q(entity_kind="port", entity_id__in=ports)), limit)
+
+
+def _cabled_switch_ports(host: str) -> list[int]:
+    links = Link.objects.filter(Q(a__node__hostname=host) | Q(b__node__hostname=host))
+    return [b if a_host == host else a for a, b, a_host in links.values_list("a_id", "b_id", "a__node__hostname")]
 
 
 def job_anomalies(job_key: str, limit: int = 30) -> list[dict]:
@@ -154,10 +147,10 @@ def entity_risk(entity_kind: str, entity_id: str) -> dict | None:
 def host_gpu_risks(host: str) -> list[dict]:
     """Failure risk of each GPU in a node that the failure model scored, highest first."""
     gpus = dict(Gpu.objects.filter(node__hostname=host).values_list("uuid", "index"))
-    rows = (EntityScore.objects.filter(entity_kind="gpu", entity_id__in=list(gpus), failure_risk__isnull=False)
-            .order_by("-failure_risk").values_list("entity_id", "failure_risk", "risk_version", "risk_at"))
+    scored = (EntityScore.objects.filter(entity_kind="gpu", entity_id__in=list(gpus), failure_risk__isnull=False)
+              .order_by("-failure_risk").values_list("entity_id", "failure_risk", "risk_version", "risk_at"))
     return [{"uuid": u, "index": gpus[u], "risk": p, "version": v, "risk_at": iso_utc(at) if at else None,
-             "url": f"/gpus/{u}/"} for u, p, v, at in rows]
+             "url": f"/gpus/{u}/"} for u, p, v, at in scored]
 
 
 def fleet_survival():

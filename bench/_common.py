@@ -68,6 +68,28 @@ def drop_database(database_url: str) -> None:
                 time.sleep(1)
 
 
+LOG_DIR = REPO / "var" / "log"
+
+
+def spawn(cmd: list[str], log_name: str, env: dict | None = None) -> subprocess.Popen:
+    """A process of the stack under test, its output in var/log/`log_name`."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log = (LOG_DIR / log_name).open("w")
+    # Own session: a Ctrl-C reaches the bench, which then stops these in order.
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate, then kill what does not stop within 20 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

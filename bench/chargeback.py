@@ -233,9 +233,14 @@ def meter_window(a: datetime, b: datetime) -> tuple[int, int, list[str], float]:
 
     before = snapshot()
     t0 = time.perf_counter()
+    # The rollup steps each counter's first reading of a slice from the minute before it, which run_rollups
+    # has always rolled up already (its watermark starts at the source's earliest bucket). The window's raw
+    # samples start one step before `a`, so that minute is rolled up too, as run_rollups would: starting at
+    # `a` loses each GPU's first energy step of the hour (1/360 of its energy) and fails the comparison.
+    first = a - timedelta(minutes=1)
     for name in ("gpu_1m", "mig_1m"):
         with transaction.atomic():
-            rows, ms = _execute(BY_NAME[name], a, b)
+            rows, ms = _execute(BY_NAME[name], first, b)
         say(f"  rollup {name}: {rows:,} one-minute rows in {ms / 1000:.1f} s")
     metered = meter_hours(a, b)
     took = time.perf_counter() - t0

@@ -43,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 
 from _common import (
-    REPO,
+    LOG_DIR,
     daphne_server,
     drop_database,
     free_port,
@@ -53,6 +53,8 @@ from _common import (
     say,
     scratch_database_url,
     setup_django,
+    spawn,
+    stop,
 )
 
 TARGET_P95_S = 5.0
@@ -63,7 +65,6 @@ BW_TIMEOUT_S = 60.0
 PROM_TIMEOUT_S = 300.0  # the defaults allow at most 60 s + 60 s + 30 s; anything past this is broken
 PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
-LOG_DIR = REPO / "var" / "log"
 
 # (metric, type, HELP as dcgm-exporter writes it, value for GPU index i at time t). ~10 series per GPU, the
 # shape of a default dcgm-exporter scrape; the energy counter only grows, so no sample looks like a GPU reset.
@@ -166,23 +167,6 @@ class Pager:
             return self.first[gpu]
 
 
-def _spawn(cmd: list[str], log_name: str, env: dict | None = None) -> subprocess.Popen:
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    log = (LOG_DIR / log_name).open("w")
-    # Own session: a Ctrl-C reaches the bench, which then stops these in order.
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 def _wait_ready(url: str, proc: subprocess.Popen, log_name: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -273,14 +257,14 @@ def prometheus_stack(tmp: Path, exporter_port: int, webhook_url: str):
     (tmp / "alertmanager.yml").write_text(AM_CONFIG.format(url=webhook_url))
     with ExitStack() as stack:
         # No cluster listener: a lone Alertmanager sends at once instead of waiting for peers to settle.
-        am = _spawn([ALERTMANAGER, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am'}",
+        am = spawn([ALERTMANAGER, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am'}",
                      f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
                     "bench-alertmanager.log")
-        stack.callback(_stop, am)
+        stack.callback(stop, am)
         _wait_ready(f"http://127.0.0.1:{am_port}/-/ready", am, "bench-alertmanager.log")
-        prom = _spawn([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+        prom = spawn([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                        f"--web.listen-address=127.0.0.1:{prom_port}"], "bench-prometheus.log")
-        stack.callback(_stop, prom)
+        stack.callback(stop, prom)
         _wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", prom, "bench-prometheus.log")
         yield f"http://127.0.0.1:{prom_port}"
 
@@ -350,15 +334,15 @@ class PrometheusRun(threading.Thread):
 def celery_processes(tmp: Path, queue: str):
     """A worker and beat as `./dev up` runs them (prefork, concurrency 2), on the bench's own queue."""
     celery = str(Path(sys.executable).parent / "celery")
-    worker = _spawn([celery, "-A", "dashboard", "worker", "-l", "WARNING", "--concurrency", "2", "-Q", queue,
+    worker = spawn([celery, "-A", "dashboard", "worker", "-l", "WARNING", "--concurrency", "2", "-Q", queue,
                      "-n", f"{queue}@%h", "--without-gossip", "--without-mingle"], "bench-fault_to_page-worker.log")
-    beat = _spawn([celery, "-A", "dashboard", "beat", "-l", "WARNING", "-s", str(tmp / "celerybeat-schedule")],
+    beat = spawn([celery, "-A", "dashboard", "beat", "-l", "WARNING", "-s", str(tmp / "celerybeat-schedule")],
                   "bench-fault_to_page-beat.log")
     try:
         yield
     finally:
-        _stop(beat)
-        _stop(worker)
+        stop(beat)
+        stop(worker)
 
 
 def post_scrape(base: str, token: str, text: str) -> None:

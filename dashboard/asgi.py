@@ -49,10 +49,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from dashboard.security import AllowedHostGuard  # noqa: E402
 
-application = ProtocolTypeRouter(
+# The guard checks the Host of every request and handshake (static files included) before anything else runs;
+# the origin validator then refuses a websocket opened from another site's page.
+application = AllowedHostGuard(ProtocolTypeRouter(
     {
         "http": http_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
-)
+))

@@ -65,7 +65,7 @@ _last_trim = [0.0]
 
 @task_postrun.connect
 def _forget_logged_queries(**kwargs) -> None:
-    """With DEBUG on (`./dev up`), Django keeps every query's SQL on each connection, up to 9,000, and only a
+    """With DEBUG on (`./dev up --debug`), Django keeps every query's SQL on each connection, up to 9,000, and only a
     request's start clears them; a worker has no requests. At 16k GPUs a scoring pass logs SQL with id lists
     inlined, and a child grew ~1 MB a pass (measured, bench DB of the 16k soak: flat with DEBUG off)."""
     from django.db import reset_queries

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from dashboard.consumers import anomalies, fabric, facility, fleet, heatmap, inventory, jobs
+from dashboard.consumers import anomalies, fabric, facility, fleet, heatmap, inventory, jobs, pages
 
 websocket_urlpatterns = [
     path("ws/fleet/", fleet.FleetConsumer.as_asgi()),
@@ -12,4 +12,6 @@ websocket_urlpatterns = [
     path("ws/fabric/", fabric.FabricConsumer.as_asgi()),
     path("ws/facility/", facility.FacilityConsumer.as_asgi()),
     path("ws/anomalies/", anomalies.AnomalyConsumer.as_asgi()),
+    # Server-rendered pages (alerts, remediation, node, GPU, port, portal): their live regions, re-rendered.
+    path("ws/page/", pages.PageConsumer.as_asgi()),
 ]

@@ -1,7 +1,7 @@
-"""Web security controls: the Content-Security-Policy, the login rate limit and the login lockout.
+"""Web security controls: the foreign-Host guard, the Content-Security-Policy, the login rate limit and lockout.
 
 Settings (dashboard/settings.py, "Web security" block): CSP_REPORT_ONLY, CSP_REPORT_URI, LOGIN_FAILURE_LIMIT,
-LOGIN_FAILURE_WINDOW, LOGIN_LOCKOUT, LOGIN_RATE_LIMIT, LOGIN_RATE_WINDOW, CLIENT_IP_PROXY_COUNT.
+LOGIN_FAILURE_WINDOW, LOGIN_LOCKOUT, LOGIN_RATE_LIMIT, LOGIN_RATE_WINDOW, CLIENT_IP_PROXY_COUNT; and ALLOWED_HOSTS.
 docs/security.md explains each control and every source the policy allows.
 
 Counters live in Redis, not in process memory, so several web processes share one count: an attacker
@@ -25,6 +25,7 @@ from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpResponse
+from django.http.request import split_domain_port, validate_host
 from django.urls import reverse
 from django.utils import timezone
 
@@ -32,6 +33,67 @@ from dashboard.middleware import HybridMiddleware
 from telemetry.live import fast_client
 
 logger = logging.getLogger(__name__)
+
+# --- Foreign Host ------------------------------------------------------------------------------------
+
+BAD_HOST_BODY = b"Bad Request (400)\n"
+
+
+def _header(scope, name: bytes) -> str | None:
+    # Repeated headers are joined with commas, as Django's ASGIRequest does: two Host headers are not a host.
+    values = [value.decode("latin1") for key, value in scope.get("headers") or () if key == name]
+    return ",".join(values) if values else None
+
+
+def requested_host(scope) -> str:
+    """The host an ASGI request names, read the way Django's HttpRequest.get_host() reads it."""
+    forwarded = _header(scope, b"x-forwarded-host") if settings.USE_X_FORWARDED_HOST else None
+    host = forwarded or _header(scope, b"host")
+    if host is not None:
+        return host
+    server = scope.get("server")  # an HTTP/1.0 request may name no host: the address it reached
+    if not server:
+        return ""
+    default_port = 443 if scope.get("scheme") in ("https", "wss") else 80
+    return server[0] if server[1] in (None, default_port) else f"{server[0]}:{server[1]}"
+
+
+def host_allowed(host: str) -> bool:
+    """Django's own ALLOWED_HOSTS rule, DEBUG's fallback for an empty list included."""
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, allowed)
+
+
+class AllowedHostGuard:
+    """The outermost ASGI layer: a request whose Host is not in ALLOWED_HOSTS gets a plain 400, a websocket
+    handshake a refusal, before static files, the collector handler, Django or Channels see it.
+
+    Why not leave it to Django: with DEBUG on, its DisallowedHost answer is the technical page, which lists
+    the settings; static files and websockets never ask Django about the host at all. One check here covers
+    every path, every user and every mode the same way.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket") or host_allowed(host := requested_host(scope)):
+            return await self.app(scope, receive, send)
+        # %r: the host and path are the client's bytes; a log line must not be forged through them.
+        logger.warning("refused a %s request for %r: Host %r is not in ALLOWED_HOSTS", scope["type"],
+                       scope.get("path", "")[:200], host[:200])
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008})  # before accept: the handshake gets 403
+            return
+        await send({"type": "http.response.start", "status": 400, "headers": [
+            (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(BAD_HOST_BODY)).encode()),
+            (b"x-content-type-options", b"nosniff")]})
+        await send({"type": "http.response.body", "body": BAD_HOST_BODY})
+
 
 # --- Content-Security-Policy -------------------------------------------------------------------------
 

@@ -72,7 +72,12 @@ def _database_from_url(url: str) -> dict:
 
 
 PRODUCTION = _env("BREAKWATER_ENV", "development") == "production"
-DEBUG = _env_bool("DEBUG", not PRODUCTION)
+# Off unless asked for (`./dev up --debug` sets BREAKWATER_DEBUG=1), in development too: Django's debug pages
+# show settings, SQL and tracebacks to whoever triggers them. Not the bare name DEBUG, which a shell may have
+# exported for something else entirely.
+DEBUG = _env_bool("BREAKWATER_DEBUG", False)
+if DEBUG and PRODUCTION:
+    raise ImproperlyConfigured("BREAKWATER_DEBUG must not be on with BREAKWATER_ENV=production")
 
 SECRET_KEY = _env("SECRET_KEY")
 if not SECRET_KEY:
@@ -82,6 +87,8 @@ if not SECRET_KEY:
     key_file = VAR_DIR / "secret_key"
     SECRET_KEY = key_file.read_text().strip() if key_file.exists() else "dev-insecure-key-not-for-production"
 
+# `./dev up` serves http://127.0.0.1:PORT/. Any other Host gets a plain 400 before Django runs, on every path
+# and on websockets, DEBUG or not (dashboard.security.AllowedHostGuard).
 ALLOWED_HOSTS = [h for h in (_env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]") or "").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in (_env("CSRF_TRUSTED_ORIGINS", "") or "").split(",") if o]
 
@@ -134,10 +141,13 @@ TEMPLATES = [
     },
 ]
 
-DATABASE_URL = _env("DATABASE_URL", "postgresql://breakwater@127.0.0.1:55432/breakwater")
-DATABASES = {"default": _database_from_url(DATABASE_URL)}
+# Parsed, not kept: a DATABASE_URL setting would carry the password under a name Django does not mask
+# (DATABASES' PASSWORD is masked by its key).
+DATABASES = {"default": _database_from_url(_env("DATABASE_URL", "postgresql://breakwater@127.0.0.1:55432/breakwater"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Kept as a URL (every Redis client of the project is made from it, like the broker and the channel layer's
+# hosts below); a password in it is masked in error reports and logs by dashboard.redaction.
 REDIS_URL = _env("REDIS_URL", "redis://127.0.0.1:56379/0")
 CHANNEL_LAYERS = {
     "default": {
@@ -158,6 +168,8 @@ CELERY_TASK_ACKS_LATE = True  # a task killed mid-run is redelivered; every task
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
+# Keep Django's LOGGING (its password-masking formatter) in workers: Celery would replace the root handlers.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The queue tasks are sent to and workers consume. The test suite sets its own, so a test's tasks
 # never reach the worker of a `./dev up` running beside it on the same Redis (and vice versa).
 CELERY_TASK_DEFAULT_QUEUE = _env("CELERY_QUEUE", "celery")
@@ -230,8 +242,11 @@ RETENTION = {
     "1m": timedelta(days=_env_int("RETENTION_1M_DAYS", 90)),
     "1h": timedelta(days=_env_int("RETENTION_1H_DAYS", 730)),
 }
-# A GPU or node whose newest sample is older than this is shown as not reporting.
+# An entity is "no data" once its newest sample is older than two of its source's collection
+# intervals plus STALE_GRACE (the push delay); STALE_AFTER caps that wait for slow sources and is
+# what a source gets before its second sample shows its interval (`telemetry.health`).
 STALE_AFTER = timedelta(seconds=_env_int("STALE_AFTER_SECONDS", 180))
+STALE_GRACE = timedelta(seconds=_env_int("STALE_GRACE_SECONDS", 5))
 # dcgm-exporter endpoints pulled by the beat scraper are ScrapeTarget rows
 # (`manage.py scrape_targets add URL`, or the admin); each fetch gives up after this long.
 SCRAPE_TIMEOUT_SECONDS = _env_int("SCRAPE_TIMEOUT_SECONDS", 5)
@@ -347,10 +362,14 @@ if OIDC_ENABLED:
     OIDC_USERNAME_ALGO = "tenancy.oidc.username_from_claims"
     AUTHENTICATION_BACKENDS.append("tenancy.oidc.GroupRolesOIDCBackend")
 
+# Error reports (the debug page, mail to admins) and log lines show no URL's password: dashboard.redaction.
+DEFAULT_EXCEPTION_REPORTER = "dashboard.redaction.UrlPasswordReporter"
+DEFAULT_EXCEPTION_REPORTER_FILTER = "dashboard.redaction.UrlPasswordFilter"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {"plain": {"class": "dashboard.redaction.RedactingFormatter",
+                             "format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": _env("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},

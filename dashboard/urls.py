@@ -6,11 +6,23 @@ from django.urls import include, path
 
 import dashboard.dash_apps  # noqa: F401  (registers the Dash apps before the first request)
 from dashboard import openapi, views
-from dashboard.pages import alerts, anomalies, chargeback, fabric, facility, inventory, jobs, portal, reliability
+from dashboard.pages import (
+    alerts,
+    anomalies,
+    chargeback,
+    fabric,
+    facility,
+    health,
+    inventory,
+    jobs,
+    portal,
+    reliability,
+)
 
 urlpatterns = [
     path("", views.fleet, name="fleet"),
     path("racks/", views.racks, name="racks"),
+    path("health/<str:kind>/<str:state>/", health.health_list, name="health-list"),
     path("nvlink/", facility.nvlink, name="nvlink"),
     path("fabric/", fabric.fabric, name="fabric"),
     path("power/", facility.power, name="power"),
@@ -39,6 +51,7 @@ urlpatterns = [
     path("alerts/channels/<int:channel_id>/enable/", alerts.channel_enable, name="channel-enable"),
     path("alerts/notifications/<int:notification_id>/", alerts.notification_detail, name="notification"),
     path("remediation/", alerts.remediation, name="remediation"),
+    path("remediation/<int:action_id>/", alerts.action_detail, name="action"),
     path("remediation/<int:action_id>/approve/", alerts.action_approve, name="action-approve"),
     path("remediation/<int:action_id>/reject/", alerts.action_reject, name="action-reject"),
     path("remediation/drain/", alerts.action_drain, name="action-drain"),

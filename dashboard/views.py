@@ -16,7 +16,14 @@ admin.site.login_form = LockoutAdminAuthenticationForm
 @operator_required
 def fleet(request):
     """The first page: fleet health, utilization, power and data freshness, kept live by JS."""
-    return render(request, "fleet.html", {"summary": selectors.fleet_summary()})
+    return render(request, "fleet.html", {"summary": fleet_page_summary()})
+
+
+def fleet_page_summary() -> dict:
+    """The fleet summary with the open alerts' counts: the same query as the alerts list's header."""
+    from alerts.selectors import open_alert_counts
+
+    return {**selectors.fleet_summary(), "alerts": open_alert_counts()}
 
 
 @operator_required

@@ -6,9 +6,13 @@ Pricing rules (docs/chargeback.md):
   splits a job's usage by hour, and the invoice gets one set of lines per card.
 - A card's RatePrice rows match a GPU model, MIG profile and priority class; a blank field matches anything
   and the most specific row wins (most fields set; ties go to model, then profile, then class).
-- Lines per job x model x profile x QoS x card: GPU time, the preemptible discount (negative), the optional
-  idle-held charge and energy (GPU + node + facility kWh, split shown in the description). Every amount is
-  round_half_up(quantity x unit price) to the cent, per line; an invoice's total is the sum of its lines.
+- Lines per job x model x profile x QoS x card: GPU time, the preemptible discount (negative), the GPU
+  failure line (hours after a fault failed the GPU: credited or charged by the tenant's `lost_hours_policy`),
+  the optional idle-held charge and energy (GPU + node + facility kWh, split shown in the description). Every
+  amount is round_half_up(quantity x unit price) to the cent, per line; an invoice's total is the sum of its
+  lines. `statement()` computes them; the draft invoice stores them and the portal shows their total.
+- Unmeasured hours (no activity reading) are GPU time like any allocated hour: the GPU-time line names them
+  and they are never counted busy, nor charged as idle-held (UNMEASURED_RULE).
 
 Final invoices are immutable (database trigger, tenancy/migrations/0002); a correction is a credit or
 debit line on the tenant's next draft, pointing at the line it corrects.
@@ -34,6 +38,7 @@ from tenancy.models import (
     InvoiceLine,
     InvoiceState,
     LineKind,
+    LostHoursPolicy,
     RateCard,
     RatePrice,
     Tenant,
@@ -46,7 +51,22 @@ CENT = Decimal("0.01")
 MICRO = Decimal("0.000001")
 ZERO = Decimal(0)
 CORRECTION_KINDS = (LineKind.CREDIT, LineKind.DEBIT)
-USAGE_SUMS = ("gpu_hours", "idle_held_hours", "energy_gpu_kwh", "energy_node_kwh", "energy_facility_kwh")
+USAGE_SUMS = ("gpu_hours", "idle_held_hours", "unmeasured_hours", "failed_hours", "energy_gpu_kwh",
+              "energy_node_kwh", "energy_facility_kwh")
+# The rules as tenants read them on their invoices (docs/chargeback.md says the same).
+UNMEASURED_RULE = ("Unmeasured GPU-hours are hours your job held a GPU while no utilisation reading reached us "
+                   "(before the GPU's first sample, or during a collector gap). They are billed at the GPU-hour "
+                   "rate like any allocated hour, listed apart on the GPU time line, and never counted as busy "
+                   "or charged as idle-held.")
+LOST_RULES = {
+    LostHoursPolicy.CREDIT: "GPU-hours after a hardware fault failed your job's GPU (fallen off the bus, double-bit "
+                            "ECC, row-remap failure, or an XID that needs a reset or RMA), until the job ended or "
+                            "was requeued, are credited: the GPU failure line gives them back at the price charged.",
+    LostHoursPolicy.CHARGE: "GPU-hours after a hardware fault failed your job's GPU (fallen off the bus, double-bit "
+                            "ECC, row-remap failure, or an XID that needs a reset or RMA), until the job ended or "
+                            "was requeued, are charged as GPU time under your agreement; the GPU failure line "
+                            "lists them at no extra charge.",
+}
 
 
 class BillingError(Exception):
@@ -186,19 +206,31 @@ def _plain(value: Decimal) -> str:
 
 
 def lines_for_usage(key: tuple[int, str, str, str], sums: dict[str, Decimal], card: RateCard,
-                    price: Decimal) -> list[PricedLine]:
-    """The lines for one job x model x profile x QoS under one card. Pure, so bench/chargeback's raw-sample
-    path prices its own quantities with exactly the same arithmetic."""
+                    price: Decimal, *, policy: str = LostHoursPolicy.CREDIT) -> list[PricedLine]:
+    """The lines for one job x model x profile x QoS under one card; `policy` prices failed hours. Pure, so
+    bench/chargeback's raw-sample path prices its own quantities with exactly the same arithmetic."""
     job_id, model, profile, qos = key
     base = {"job_id": job_id, "gpu_model": model, "mig_profile": profile, "qos": qos, "card": card}
     gpu_hours, out = sums["gpu_hours"], []
+    unmeasured, failed = sums.get("unmeasured_hours") or ZERO, sums.get("failed_hours") or ZERO
     if gpu_hours:
-        out.append(PricedLine(LineKind.GPU_TIME, quantity=gpu_hours, unit="gpu_hour", unit_price=price, **base))
+        note = f"{_plain(unmeasured)} of them unmeasured (no telemetry): billed as held, not as busy" \
+            if unmeasured else ""
+        out.append(PricedLine(LineKind.GPU_TIME, quantity=gpu_hours, unit="gpu_hour", unit_price=price, note=note,
+                              **base))
+        paid = price
         if qos and qos in (card.preemptible_qos or []) and card.preemptible_discount:
             pct = (card.preemptible_discount * 100).normalize()
-            out.append(PricedLine(LineKind.DISCOUNT, quantity=gpu_hours, unit="gpu_hour",
-                                  unit_price=-micro(price * card.preemptible_discount),
+            off = micro(price * card.preemptible_discount)
+            paid = price - off
+            out.append(PricedLine(LineKind.DISCOUNT, quantity=gpu_hours, unit="gpu_hour", unit_price=-off,
                                   note=f"{pct:f}% off preemptible work", **base))
+        if failed:
+            credit = policy == LostHoursPolicy.CREDIT
+            out.append(PricedLine(LineKind.FAILED, quantity=failed, unit="gpu_hour",
+                                  unit_price=-paid if credit else ZERO,
+                                  note="after the GPU failed: " + ("credited" if credit else "charged as GPU time")
+                                  + f" (policy: {policy})", **base))
     idle_price = card.idle_held_price_per_gpu_hour
     if idle_price and sums["idle_held_hours"]:
         out.append(PricedLine(LineKind.IDLE_HELD, quantity=sums["idle_held_hours"], unit="gpu_hour",
@@ -227,7 +259,7 @@ def price_usage(tenant: Tenant, period_start: datetime, period_end: datetime, *,
                 raise BillingError(f"no rate card is in force at {start:%Y-%m-%d %H:%M} for {tenant}: "
                                    "create a default card (tenant empty) starting before the usage")
             key = (row["job_id"], row["gpu_model"], row["mig_profile"], row["qos"])
-            lines += lines_for_usage(key, row, card, book.price(card, *key[1:]))
+            lines += lines_for_usage(key, row, card, book.price(card, *key[1:]), policy=tenant.lost_hours_policy)
     _attach_job_keys(lines)
     return lines
 
@@ -246,6 +278,31 @@ def _attach_job_keys(lines: list[PricedLine]) -> None:
 
 
 # --- Invoices ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Statement:
+    """What the tenant's invoice for a period holds: its priced usage lines and the corrections posted onto it."""
+
+    lines: list[PricedLine]
+    corrections: Decimal
+
+    @property
+    def total(self) -> Decimal:
+        """The invoice total: the sum of the line amounts (each already rounded to the cent)."""
+        return sum((ln.amount for ln in self.lines), ZERO) + self.corrections
+
+
+def statement(tenant: Tenant, period_start: datetime, period_end: datetime, *,
+              book: CardBook | None = None) -> Statement:
+    """The tenant's invoice for [period_start, period_end) as its draft holds it once (re)generated: the one
+    computation behind both `do_generate_invoice` and the portal's spend so far (a final invoice is as
+    stored, so its lines are left to it)."""
+    priced = price_usage(tenant, period_start, period_end, book=book)
+    posted = InvoiceLine.objects.filter(invoice__tenant=tenant, invoice__period_start=period_start,
+                                        kind__in=CORRECTION_KINDS).aggregate(s=Sum("amount"))["s"]
+    return Statement(priced, posted or ZERO)
+
 
 
 def _check_period(period_start: datetime, period_end: datetime) -> None:
@@ -314,7 +371,7 @@ def do_generate_invoice(tenant: Tenant, period_start: datetime, period_end: date
     if period_start >= now:
         raise BillingError(f"the period starting {period_start:%Y-%m-%d %H:%M} has not begun")
     invoice = _lock_draft(tenant, period_start, period_end)
-    priced = price_usage(tenant, period_start, period_end, book=book)
+    priced = statement(tenant, period_start, period_end, book=book).lines
     _check_currency(tenant, priced)
     invoice.lines.exclude(kind__in=CORRECTION_KINDS).delete()
     InvoiceLine.objects.bulk_create(

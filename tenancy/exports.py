@@ -25,7 +25,7 @@ LINE_FIELDS = ("id", "kind", "job_key", "gpu_model", "mig_profile", "qos", "rate
                "quantity", "unit", "unit_price", "amount", "corrects_id", "reason")
 USAGE_COLUMNS = (
     "hour", "tenant", "job_key", "gpu_model", "mig_profile", "qos", "gpu_hours", "busy_hours", "idle_held_hours",
-    "lost_hours", "energy_gpu_kwh", "energy_node_kwh", "energy_facility_kwh",
+    "unmeasured_hours", "lost_hours", "failed_hours", "energy_gpu_kwh", "energy_node_kwh", "energy_facility_kwh",
 )
 USAGE_QUANTITIES = USAGE_COLUMNS[6:]
 # A spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(...), =cmd|'/C calc'!A0):

@@ -5,17 +5,21 @@ What a row holds (all GPU-hours weighted by `Allocation.fraction`: a MIG slice b
 shared GPU by its gpu_milli / 1000):
 
 - ``gpu_hours``: the seconds each ledger row overlaps the hour, / 3600, x fraction. Exact (numeric).
-- a three-way split of ``gpu_hours``: ``lost_hours`` + ``idle_held_hours`` + ``busy_hours``:
+- a four-way split of ``gpu_hours``: ``lost_hours`` + ``idle_held_hours`` + ``unmeasured_hours`` + ``busy_hours``:
   - lost: every hour of a *run* that ended by preemption, node failure or a requeue. A run is a job's ledger
     rows with one start time; it is lost when the job's first state change after that start other than
     running is preempted, node_fail or pending (back in the queue), or when the job started again later (a
     requeued Slurm job runs again under the same id). A lost run's hours are neither busy nor idle-held:
-    its work is gone whatever the GPU did.
+    its work is gone whatever the GPU did. Also lost, and counted again in ``failed_hours``: a ledger row's
+    seconds from the first sighting of a fault that fails its GPU (the health model's failing event kinds
+    and reset-or-RMA XIDs, open when the row started or first seen during it) until the row ends (the job
+    ended or was requeued). Tenants' policy (charge or credit, `Tenant.lost_hours_policy`) prices those.
   - idle-held: the seconds of minutes whose GR-engine activity (1-minute average of `gr_engine_active`)
     is under `settings.IDLE_HELD_THRESHOLD` (default 5 %). A MIG slice uses its own MIG instance's activity
-    for minutes where the instance reported one, else the whole GPU's. A minute with no activity reading
-    is NOT idle-held: missing telemetry never turns into a charge for waste, so it counts as busy.
-  - busy: the rest.
+    for minutes where the instance reported one, else the whole GPU's.
+  - unmeasured: the seconds of minutes with no activity reading (before a GPU's first sample, a collector
+    gap): allocated, but whether the GPU worked is unknown, so they are neither busy nor idle-held.
+  - busy: the rest: minutes with a reading at or above the threshold.
 - energy, in kWh, shown as a split:
   - ``energy_gpu_kwh``: the GPU's own energy counter (`energy_mj` 1-minute deltas, resets handled by the
     rollup), each minute pro rata to the seconds of it the allocation covers, x fraction;
@@ -44,9 +48,11 @@ from django.db import connection, transaction
 from django.db.models import Exists, F, Min, OuterRef, Q
 
 from telemetry.fields import KINDS
+from telemetry.health import FAILING_EVENT_KINDS, RESET_OR_RMA_XIDS
 from telemetry.models import (
     Allocation,
     Gpu,
+    GpuEvent,
     Job,
     JobState,
     JobStateChange,
@@ -79,11 +85,11 @@ _T = {
     "device": PowerDevice._meta.db_table, "node_feeds": PowerDevice.nodes.through._meta.db_table,
     "gpu_1m": KINDS["gpu"].rollup_table("1m"), "mig_1m": KINDS["mig"].rollup_table("1m"),
     "power_1m": KINDS["power"].rollup_table("1m"), "account": TenantAccount._meta.db_table,
-    "usage": UsageHour._meta.db_table,
+    "usage": UsageHour._meta.db_table, "event": GpuEvent._meta.db_table,
 }
 
 # The seconds of minute bucket `b` that piece `p` ([ps, pe)) covers.
-_OVERLAP = "date_part('epoch', least(p.pe, {b}.bucket + interval '1 minute') - greatest(p.ps, {b}.bucket))"
+_OVERLAP = "date_part('epoch', least(p.{end}, {b}.bucket + interval '1 minute') - greatest(p.ps, {b}.bucket))"
 
 # 1. `node_gpus`: GPUs per node: the inventory's, or (no inventory) the highest index in the ledger + 1.
 #    `alloc`: ledger rows overlapping [start, end), clipped to it; the GPU by id, or by (node, index) when the
@@ -102,7 +108,8 @@ _OVERLAP = "date_part('epoch', least(p.pe, {b}.bucket + interval '1 minute') - g
 #    rows of one UNION ALL, summed once per (hour, job, model, profile): no join between per-piece aggregates,
 #    whose plans go quadratic when the planner misjudges a CTE's size. The CTEs read more than once, and the
 #    aggregate, are materialised for the same reason.
-# 6. Rounded once; the split is made to add up to gpu_hours exactly.
+# 6. Rounded once; the split is made to add up to gpu_hours exactly. Unmeasured seconds are the held seconds
+#    before any fault (pieces) less the seconds of minutes with an activity reading (minute and hour rows).
 _METER_SQL = """
 WITH node_gpus AS MATERIALIZED (
     SELECT n.node_id, coalesce(nullif(c.gpus, 0),
@@ -120,6 +127,11 @@ alloc AS MATERIALIZED (
         EXISTS (SELECT 1 FROM {alloc} x WHERE x.job_id = a.job_id AND x.start > a.start)
             OR coalesce((SELECT c.state FROM {change} c WHERE c.job_id = a.job_id AND c.time > a.start
                          AND c.state <> 'running' ORDER BY c.time LIMIT 1) = ANY(%(lost_states)s), false) AS lost,
+        (SELECT min(greatest(ev.first_seen, a.start)) FROM {event} ev
+         WHERE ev.gpu_id = coalesce(a.gpu_id, gi.id) AND ev.first_seen < coalesce(a."end", %(end)s)
+             AND (ev.cleared_at IS NULL OR ev.cleared_at > a.start)
+             AND (ev.kind = ANY(%(failing_kinds)s) OR (ev.kind = 'xid' AND ev.code = ANY(%(failing_xids)s)))
+        ) AS fault_at,
         ng.gpus
     FROM {alloc} a
     JOIN {node} n ON n.id = a.node_id
@@ -132,17 +144,19 @@ alloc AS MATERIALIZED (
 ),
 pieces AS MATERIALIZED (
     SELECT al.id, al.job_id, al.node_id, al.gpu_id, al.mig_id, al.frac, al.gpu_model, al.mig_profile, al.lost,
-        al.gpus, h.hour, greatest(al.s, h.hour) AS ps, least(al.e, h.hour + interval '1 hour') AS pe,
-        al.s <= h.hour AND al.e >= h.hour + interval '1 hour' AS full_hour
+        al.gpus, h.hour, b.ps, b.pe, least(b.pe, greatest(b.ps, coalesce(al.fault_at, b.pe))) AS pe_ok,
+        al.s <= h.hour AND al.e >= h.hour + interval '1 hour'
+            AND (al.fault_at IS NULL OR al.fault_at >= h.hour + interval '1 hour') AS full_hour
     FROM alloc al
     CROSS JOIN LATERAL generate_series(time_bucket(interval '1 hour', al.s), al.e - interval '1 microsecond',
                                        interval '1 hour') AS h(hour)
+    CROSS JOIN LATERAL (SELECT greatest(al.s, h.hour) AS ps, least(al.e, h.hour + interval '1 hour') AS pe) b
     WHERE al.e > al.s
 ),
 gpu_hour AS MATERIALIZED (
     SELECT s.gpu_id, time_bucket(interval '1 hour', s.bucket) AS hour,
         60 * count(*) FILTER (WHERE s.gr_engine_active_avg < %(threshold)s) AS idle_s,
-        sum(s.energy_mj_delta) AS gpu_mj
+        60 * count(s.gr_engine_active_avg) AS measured_s, sum(s.energy_mj_delta) AS gpu_mj
     FROM {gpu_1m} s
     WHERE s.bucket >= %(start)s AND s.bucket < %(end)s
         AND s.gpu_id IN (SELECT gpu_id FROM pieces WHERE full_hour AND mig_id IS NULL)
@@ -171,30 +185,36 @@ overhead AS MATERIALIZED (
 ),
 parts AS (
     SELECT p.hour, p.job_id, p.gpu_model, p.mig_profile, ex.sec * p.frac AS held_s,
-        CASE WHEN p.lost THEN ex.sec * p.frac ELSE 0 END AS lost_s, 0::float8 AS idle_s, 0::float8 AS gpu_mj,
-        %(node_w)s * ex.sec::float8 * p.frac::float8 / p.gpus AS node_ws
-    FROM pieces p CROSS JOIN LATERAL (SELECT extract(epoch FROM p.pe - p.ps) AS sec) ex
+        CASE WHEN p.lost THEN ex.sec * p.frac ELSE ex.failed * p.frac END AS lost_s, ex.failed * p.frac AS failed_s,
+        0::float8 AS idle_s, CASE WHEN p.lost THEN 0 ELSE (ex.sec - ex.failed) * p.frac END::float8 AS unmeasured_s,
+        0::float8 AS gpu_mj, %(node_w)s * ex.sec::float8 * p.frac::float8 / p.gpus AS node_ws
+    FROM pieces p CROSS JOIN LATERAL (SELECT extract(epoch FROM p.pe - p.ps) AS sec,
+                                             extract(epoch FROM p.pe - p.pe_ok) AS failed) ex
     UNION ALL
-    SELECT p.hour, p.job_id, p.gpu_model, p.mig_profile, 0, 0,
-        CASE WHEN p.lost THEN 0 ELSE gh.idle_s * p.frac::float8 END, gh.gpu_mj * p.frac::float8, 0
+    SELECT p.hour, p.job_id, p.gpu_model, p.mig_profile, 0, 0, 0,
+        CASE WHEN p.lost THEN 0 ELSE gh.idle_s * p.frac::float8 END,
+        CASE WHEN p.lost THEN 0 ELSE -gh.measured_s * p.frac::float8 END, gh.gpu_mj * p.frac::float8, 0
     FROM pieces p JOIN gpu_hour gh ON gh.gpu_id = p.gpu_id AND gh.hour = p.hour
     WHERE p.full_hour AND p.mig_id IS NULL
     UNION ALL
-    SELECT p.hour, p.job_id, p.gpu_model, p.mig_profile, 0, 0,
-        CASE WHEN NOT p.lost AND coalesce(mm.gr_engine_active_avg, s.gr_engine_active_avg) < %(threshold)s
-             THEN ov.sec * p.frac::float8 ELSE 0 END,
+    SELECT p.hour, p.job_id, p.gpu_model, p.mig_profile, 0, 0, 0,
+        CASE WHEN NOT p.lost AND ov.gr < %(threshold)s THEN ov.sec_ok * p.frac::float8 ELSE 0 END,
+        CASE WHEN NOT p.lost AND ov.gr IS NOT NULL THEN -ov.sec_ok * p.frac::float8 ELSE 0 END,
         s.energy_mj_delta * ov.sec / 60 * p.frac::float8, 0
     FROM pieces p
     JOIN {gpu_1m} s ON s.gpu_id = p.gpu_id AND s.bucket > p.ps - interval '1 minute' AND s.bucket < p.pe
     LEFT JOIN {mig_1m} mm ON mm.mig_id = p.mig_id AND mm.bucket = s.bucket
-    CROSS JOIN LATERAL (SELECT {overlap_s} AS sec) ov
+    CROSS JOIN LATERAL (SELECT {overlap_s} AS sec, greatest({overlap_ok}, 0) AS sec_ok,
+                               coalesce(mm.gr_engine_active_avg, s.gr_engine_active_avg) AS gr) ov
     WHERE NOT p.full_hour OR p.mig_id IS NOT NULL
     UNION ALL
-    SELECT p.hour, p.job_id, p.gpu_model, p.mig_profile, 0, 0, 0, 0, o.adj_w * 60 * p.frac::float8 / p.gpus
+    SELECT p.hour, p.job_id, p.gpu_model, p.mig_profile, 0, 0, 0, 0, 0, 0,
+        o.adj_w * 60 * p.frac::float8 / p.gpus
     FROM pieces p JOIN overhead o ON o.node_id = p.node_id AND time_bucket(interval '1 hour', o.bucket) = p.hour
     WHERE p.full_hour
     UNION ALL
-    SELECT p.hour, p.job_id, p.gpu_model, p.mig_profile, 0, 0, 0, 0, o.adj_w * ov.sec * p.frac::float8 / p.gpus
+    SELECT p.hour, p.job_id, p.gpu_model, p.mig_profile, 0, 0, 0, 0, 0, 0,
+        o.adj_w * ov.sec * p.frac::float8 / p.gpus
     FROM pieces p
     JOIN overhead o ON o.node_id = p.node_id AND o.bucket > p.ps - interval '1 minute' AND o.bucket < p.pe
     CROSS JOIN LATERAL (SELECT {overlap_o} AS sec) ov
@@ -202,8 +222,8 @@ parts AS (
 ),
 sums AS MATERIALIZED (
     SELECT hour, job_id, gpu_model, mig_profile,
-        round(sum(held_s) / 3600, 6) AS g, round(sum(lost_s) / 3600, 6) AS l,
-        round((sum(idle_s) / 3600)::numeric, 6) AS i,
+        round(sum(held_s) / 3600, 6) AS g, round(sum(lost_s) / 3600, 6) AS l, round(sum(failed_s) / 3600, 6) AS f,
+        round((sum(idle_s) / 3600)::numeric, 6) AS i, greatest(round((sum(unmeasured_s) / 3600)::numeric, 6), 0) AS u,
         sum(gpu_mj) / 3.6e9 AS gpu_kwh, sum(node_ws) / 3.6e6 AS node_kwh
     FROM parts
     GROUP BY hour, job_id, gpu_model, mig_profile
@@ -212,12 +232,13 @@ pue AS (
     SELECT * FROM unnest(%(hours)s::timestamptz[], %(pue)s::numeric[]) AS x(hour, pue)
 )
 INSERT INTO {usage} (hour, tenant_id, job_id, gpu_model, mig_profile, qos, gpu_hours, busy_hours, idle_held_hours,
-                     lost_hours, energy_gpu_kwh, energy_node_kwh, energy_facility_kwh)
+                     unmeasured_hours, lost_hours, failed_hours, energy_gpu_kwh, energy_node_kwh, energy_facility_kwh)
 SELECT r.hour, ta.tenant_id, r.job_id, left(r.gpu_model, 128), r.mig_profile, j.qos, r.g,
-    greatest(r.g - r.l - r.i, 0), r.i + least(r.g - r.l - r.i, 0), r.l,
+    r.g - r.l - x.i - x.u, x.i, x.u, r.l, least(r.f, r.l),
     round(r.gpu_kwh::numeric, 6), round(r.node_kwh::numeric, 6),
     round((pu.pue - 1) * (r.gpu_kwh + r.node_kwh)::numeric, 6)
 FROM sums r
+CROSS JOIN LATERAL (SELECT least(r.i, r.g - r.l) AS i, least(r.u, r.g - r.l - least(r.i, r.g - r.l)) AS u) x
 JOIN {job} j ON j.id = r.job_id
 LEFT JOIN {account} ta ON ta.kind = j.source AND ta.name = j.account
 JOIN pue pu ON pu.hour = r.hour
@@ -226,7 +247,8 @@ JOIN pue pu ON pu.hour = r.hour
 
 def _sql(job_filter: bool) -> str:
     where = "AND a.job_id = ANY(%(jobs)s)" if job_filter else ""
-    return _METER_SQL.format(job_filter=where, overlap_s=_OVERLAP.format(b="s"), overlap_o=_OVERLAP.format(b="o"),
+    return _METER_SQL.format(job_filter=where, overlap_s=_OVERLAP.format(b="s", end="pe"),
+                             overlap_ok=_OVERLAP.format(b="s", end="pe_ok"), overlap_o=_OVERLAP.format(b="o", end="pe"),
                              **_T)
 
 
@@ -276,6 +298,7 @@ def _meter_slice(start: datetime, end: datetime, job_ids: list[int] | None) -> i
     hours = _hours(start, end)
     params = {"start": start, "end": end, "threshold": settings.IDLE_HELD_THRESHOLD,
               "node_w": float(settings.NODE_OVERHEAD_W), "lost_states": list(LOST_STATES),
+              "failing_kinds": list(FAILING_EVENT_KINDS), "failing_xids": list(RESET_OR_RMA_XIDS),
               "hours": hours, "pue": hourly_pue(start, end), "jobs": job_ids or []}
     deleted = UsageHour.objects.filter(hour__gte=start, hour__lt=end)
     if job_ids is not None:

@@ -20,12 +20,17 @@ from django.db.models import Count, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import TruncDay
 from django.utils import timezone
 
-from telemetry.models import Allocation, Gpu, Job, JobStateChange, MigInstance, Node
+from telemetry.health import FAILING_EVENT_KINDS, RESET_OR_RMA_XIDS
+from telemetry.models import Allocation, Gpu, GpuEvent, Job, JobStateChange, MigInstance, Node
+from telemetry.xid import describe
 from tenancy.metering import floor_hour
 from tenancy.models import Quota, Tenant, TenantAccount, UsageHour
 
-SUMS = ("gpu_hours", "busy_hours", "idle_held_hours", "lost_hours", "energy_gpu_kwh", "energy_node_kwh",
-        "energy_facility_kwh")
+SUMS = ("gpu_hours", "busy_hours", "idle_held_hours", "unmeasured_hours", "lost_hours", "failed_hours",
+        "energy_gpu_kwh", "energy_node_kwh", "energy_facility_kwh")
+HARDWARE_EVENTS = 200  # the most faults one list shows, newest first
+# Fault kinds that carry no XID code, explained by the catalogue entry of the XID that reports the same fault.
+KIND_XID = {"fallen_off_bus": 79, "ecc_dbe": 48, "row_remap_failure": 64, "nvlink_errors": 74}
 GROUPS = {"tenant": "tenant_id", "job": "job_id", "gpu_model": "gpu_model", "mig_profile": "mig_profile",
           "qos": "qos", "day": "day"}
 ZERO = Decimal(0)
@@ -133,6 +138,7 @@ def job_efficiency(who, start: datetime, end: datetime, *, limit: int = 500) -> 
         ranks = slow.get(info["job_key"], [])
         out.append({**_name_tenant(r, names), **info, "busy_pct": _pct(r["busy_hours"], g),
                     "idle_pct": _pct(r["idle_held_hours"], g), "lost_pct": _pct(r["lost_hours"], g),
+                    "unmeasured_pct": _pct(r["unmeasured_hours"], g),
                     "stragglers": len(ranks), "straggler_ranks": ranks})
     return out
 
@@ -174,6 +180,53 @@ def waste_report(who, start: datetime, end: datetime, *, min_hours: float = 1.0,
                              job_name=info["name"], tenant=names.get(r["tenant_id"], (None,))[0],
                              text=f"{hours:,.0f} {what} {span} in job {label}"))
     return out
+
+
+# --- Hardware events ---------------------------------------------------------------------------------------
+
+def job_hardware_events(who, start: datetime, end: datetime, *, limit: int = HARDWARE_EVENTS) -> list[dict]:
+    """GPU faults that touched the jobs `who` may see, while the job held the GPU, open at some time in
+    [start, end); newest first. Only the GPUs of `who`'s own ledger rows are looked at, so another tenant's
+    faults never show (scoping: Allocation.visible_to).
+
+    Each row: job_id, job_key, job_name, host, node_id, gpu_uuid, gpu_index, kind, kind_label, code (XID; 0 for
+    other kinds), title and meaning (telemetry.xid's catalogue), severity, failed (the fault fails the GPU:
+    its job's hours after first_seen are billed as failed), first_seen, last_seen, count, cleared_at.
+    """
+    _check_range(start, end)
+    held = list(Allocation.objects.visible_to(who).filter(gpu__isnull=False, start__lt=end)
+                .filter(Q(end__isnull=True) | Q(end__gt=start))
+                .values_list("job_id", "gpu_id", "start", "end"))
+    by_gpu: dict[int, list[tuple[int, datetime, datetime | None]]] = defaultdict(list)
+    for job_id, gpu_id, a_start, a_end in held:
+        by_gpu[gpu_id].append((job_id, a_start, a_end))
+    events = (GpuEvent.objects.filter(gpu_id__in=list(by_gpu), first_seen__lt=end)
+              .filter(Q(cleared_at__isnull=True) | Q(cleared_at__gt=start))
+              .select_related("gpu__node").order_by("-first_seen"))
+    out, seen = [], set()
+    for ev in events:
+        for job_id, a_start, a_end in by_gpu[ev.gpu_id]:
+            touched = (a_end is None or ev.first_seen < a_end) and (ev.cleared_at is None or ev.cleared_at > a_start)
+            if touched and (ev.event_id, job_id) not in seen:
+                seen.add((ev.event_id, job_id))
+                out.append(_event_row(ev, job_id))
+        if len(out) >= limit:
+            break
+    jobs = _job_info({r["job_id"] for r in out})
+    for r in out[:limit]:
+        info = jobs.get(r["job_id"], {})
+        r.update(job_key=info.get("job_key", f"job:{r['job_id']}"), job_name=info.get("name", ""))
+    return out[:limit]
+
+
+def _event_row(ev: GpuEvent, job_id: int) -> dict:
+    info = describe(ev.code if ev.kind == "xid" else KIND_XID.get(ev.kind, 0))
+    failed = ev.kind in FAILING_EVENT_KINDS or (ev.kind == "xid" and ev.code in RESET_OR_RMA_XIDS)
+    return {"job_id": job_id, "host": ev.gpu.node.hostname, "node_id": ev.gpu.node_id, "gpu_uuid": ev.gpu.uuid,
+            "gpu_index": ev.gpu.index, "kind": ev.kind, "kind_label": ev.get_kind_display(), "code": ev.code,
+            "title": info.name if info.known else ev.get_kind_display(), "meaning": info.meaning,
+            "severity": info.severity, "failed": failed, "first_seen": ev.first_seen, "last_seen": ev.last_seen,
+            "count": ev.count, "cleared_at": ev.cleared_at}
 
 
 # --- Quotas, preemptions, fair share -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ urlpatterns = [
     path("channels/<int:channel_id>/test", views.channel_test, name="api-channel-test"),
     path("remediation/actions", views.action_list, name="api-actions"),
     path("remediation/actions/<int:action_id>/approve", views.action_approve, name="api-action-approve"),
+    path("remediation/actions/<int:action_id>/impact", views.action_impact, name="api-action-impact"),
     path("remediation/actions/<int:action_id>/reject", views.action_reject, name="api-action-reject"),
     path("audit", views.audit_list, name="api-audit"),
 ]

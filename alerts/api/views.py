@@ -328,7 +328,23 @@ def _action_row(action_id: int) -> dict:
     return selectors.action_row(RemediationAction.objects.select_related("decided_by").get(pk=action_id))
 
 
+def _impact(request, action_id: int):
+    """The confirmation's impact preview (jobs, tenants, GPUs, blast-radius budgets) and its confirm token."""
+    from alerts.models import RemediationAction
+    from alerts.remediation.impact import action_impact
+
+    return JsonResponse(action_impact(RemediationAction.objects.get(pk=action_id)).as_dict())
+
+
 def _approve(request, action_id: int):
+    """Approve; with {"confirm": token} from the impact preview, only while that preview still holds (409)."""
+    from alerts.models import RemediationAction
+    from alerts.remediation.impact import action_impact, confirmed
+
+    token = _body(request).get("confirm")
+    if token is not None and not confirmed(action_impact(RemediationAction.objects.get(pk=action_id)), str(token)):
+        raise ApiError(409, "conflict", "the impact changed since this confirm token was issued; read it again",
+                       field="confirm")
     _action("do_approve_action", "alerts.remediation.actions")(action_id, acting_user(request))
     return JsonResponse(_action_row(action_id))
 
@@ -342,6 +358,7 @@ def _reject(request, action_id: int):
 
 action_list = endpoint(GET=_get_actions)
 action_approve = endpoint(POST=_approve)
+action_impact = endpoint(GET=_impact)
 action_reject = endpoint(POST=_reject)
 
 

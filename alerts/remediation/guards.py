@@ -14,6 +14,8 @@ execution (an approval can come hours after the request, and the fleet moves mea
 4. A cap is a number of targets: `max_count`, and `max_fraction` of the scope's size rounded down but never below
    one, so a one-node NVLink domain or a small cluster can still lose its one faulty node. For nvlink_domain, leaf
    and rack, nodes already drained or down count against a drain cap whether or not Breakwater drained them.
+5. `budgets()` gives those same cap numbers per scope (used, cap, left after), which the confirmation's impact
+   preview shows (alerts.remediation.impact): what blocks an action and what the operator reads are one count.
 """
 
 from __future__ import annotations
@@ -167,16 +169,70 @@ def _cluster_size(kind: str) -> tuple[int | None, str]:
     return None, ""
 
 
-def _cluster_cap(rail: GuardRail, target: Target, counted: QuerySet, now: datetime) -> str:
+@dataclass(frozen=True)
+class Budget:
+    """One blast-radius cap as it stands for one target: `used` targets already let through in the window (the
+    target itself not counted), of at most `cap`; `group` names the NVLink domain, leaf or rack ("" for the
+    cluster). The same numbers block an action (`exhausted`) and fill the confirmation's impact preview."""
+
+    rail: GuardRail
+    group: str
+    size: int | None
+    unit: str
+    used: int
+    cap: int
+    how: str
+
+    @property
+    def left_after(self) -> int:
+        """What remains once this action is let through; negative when it would overrun the cap."""
+        return self.cap - self.used - 1
+
+    @property
+    def exhausted(self) -> bool:
+        return self.left_after < 0
+
+    @property
+    def window(self) -> str:
+        return _window(self.rail.window_s)
+
+    def reason(self) -> str:
+        """The sentence that blocks an action, with its numbers."""
+        action = self.rail.action
+        if self.rail.scope == GuardScope.CLUSTER:
+            how = f" ({self.how} {self.unit})" if self.how else ""
+            return f"cluster cap: {self.used} of {self.cap} {PLURAL[action]} in {self.window}{how}"
+        label = GuardScope(self.rail.scope).label.lower()
+        doing = "drained or draining" if action == ActionKind.DRAIN else f"under {PLURAL[action]}"
+        how = f" ({self.how})" if self.how else ""
+        return (f"{label} cap ({self.group}): {self.used} of {self.size} nodes {doing} in {self.window}; "
+                f"at most {self.cap}{how}")
+
+
+def budgets(kind: str, target: Target, *, now: datetime, exclude_id: int | None = None,
+            shadow: bool = False) -> list[Budget]:
+    """Every blast-radius cap of `kind` that applies to `target` (cluster first, then its groups), as it stands
+    now. Cooldowns and maintenance are not budgets: `blocked_reason` tells those."""
+    rails = sorted(GuardRail.objects.filter(action=kind, enabled=True).exclude(scope=GuardScope.TARGET),
+                   key=lambda r: SCOPE_ORDER.index(r.scope))
+    out: list[Budget] = []
+    for rail in rails:
+        counted = _counted(kind, now - timedelta(seconds=rail.window_s), exclude_id=exclude_id, shadow=shadow)
+        out.extend(_BUDGETS[rail.scope](rail, target, counted))
+    return out
+
+
+def _cluster_budgets(rail: GuardRail, target: Target, counted: QuerySet) -> list[Budget]:
     size, unit = _cluster_size(rail.action)
     cap, how = _cap(rail, size)
     if cap is None:
-        return ""
+        return []
     used = len(set(counted.values_list("target_key", flat=True)) - {target.key})
-    if used + 1 <= cap:
-        return ""
-    how = f" ({how} {unit})" if how else ""
-    return f"cluster cap: {used} of {cap} {PLURAL[rail.action]} in {_window(rail.window_s)}{how}"
+    return [Budget(rail, "", size, unit, used, cap, how)]
+
+
+def _cluster_cap(rail: GuardRail, target: Target, counted: QuerySet, now: datetime) -> str:
+    return next((b.reason() for b in _cluster_budgets(rail, target, counted) if b.exhausted), "")
 
 
 def _groups(scope: str, node: Node) -> list[tuple[str, QuerySet]]:
@@ -201,10 +257,10 @@ def _nodes_of(kind: str, counted: QuerySet) -> QuerySet:
     return Node.objects.filter(hostname__in=keys).values_list("id", flat=True)
 
 
-def _group_cap(rail: GuardRail, target: Target, counted: QuerySet, now: datetime) -> str:
+def _group_budgets(rail: GuardRail, target: Target, counted: QuerySet) -> list[Budget]:
     if target.node is None or TARGET_KIND[rail.action] == "job":
-        return ""
-    label = GuardScope(rail.scope).label.lower()
+        return []
+    out = []
     for name, members in _groups(rail.scope, target.node):
         member_ids = set(members.values_list("id", flat=True))
         busy = set(_nodes_of(rail.action, counted)) & member_ids
@@ -212,14 +268,21 @@ def _group_cap(rail: GuardRail, target: Target, counted: QuerySet, now: datetime
             busy |= set(members.filter(state__in=DOWN_STATES).values_list("id", flat=True))
         busy.discard(target.node.pk)
         cap, how = _cap(rail, len(member_ids))
-        if cap is not None and len(busy) + 1 > cap:
-            doing = "drained or draining" if rail.action == ActionKind.DRAIN else f"under {PLURAL[rail.action]}"
-            how = f" ({how})" if how else ""
-            return (f"{label} cap ({name}): {len(busy)} of {len(member_ids)} nodes {doing} in "
-                    f"{_window(rail.window_s)}; at most {cap}{how}")
-    return ""
+        if cap is not None:
+            out.append(Budget(rail, name, len(member_ids), "nodes", len(busy), cap, how))
+    return out
 
 
+def _group_cap(rail: GuardRail, target: Target, counted: QuerySet, now: datetime) -> str:
+    return next((b.reason() for b in _group_budgets(rail, target, counted) if b.exhausted), "")
+
+
+_BUDGETS = {
+    GuardScope.CLUSTER: _cluster_budgets,
+    GuardScope.NVLINK_DOMAIN: _group_budgets,
+    GuardScope.LEAF: _group_budgets,
+    GuardScope.RACK: _group_budgets,
+}
 _CHECKS = {
     GuardScope.TARGET: _target_cooldown,
     GuardScope.CLUSTER: _cluster_cap,

@@ -122,20 +122,36 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     pace_memo: TickMemo | None = None
     PACE_FACTOR = 8.0
     MAX_PACE_S = 10.0  # one collection interval: no page lags the data by more than that on top
+    live_groups: tuple[str, ...] = (TELEMETRY_GROUP,)  # joined on connect; a subclass may join more later
+
+    async def admit(self) -> bool:
+        """Whether this socket may open; refuses it (closes with a code) when not."""
+        return await admit_operator(self)
 
     async def connect(self) -> None:
-        if not await admit_operator(self):
+        self._groups: set[str] = set()
+        if not await self.admit():
             return
         self._running: asyncio.Task | None = None
         self._again = False
         self._last_pass = -math.inf  # time.monotonic() when the last pass began
         self._deferred: asyncio.TimerHandle | None = None
         self.tick: str | None = None  # the last tick's time: the key under which pages share reads (TickMemo)
-        await self.channel_layer.group_add(TELEMETRY_GROUP, self.channel_name)
+        for group in self.live_groups:
+            await self.join(group)
         await self.accept()
 
+    async def join(self, group: str) -> None:
+        await self.channel_layer.group_add(group, self.channel_name)
+        self._groups.add(group)
+
+    async def leave(self, group: str) -> None:
+        await self.channel_layer.group_discard(group, self.channel_name)
+        self._groups.discard(group)
+
     async def disconnect(self, code: int) -> None:
-        await self.channel_layer.group_discard(TELEMETRY_GROUP, self.channel_name)
+        for group in list(getattr(self, "_groups", ())):
+            await self.leave(group)
         if getattr(self, "_running", None):
             self._running.cancel()
         if getattr(self, "_deferred", None):

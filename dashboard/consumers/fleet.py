@@ -5,9 +5,10 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from alerts.selectors import open_alert_counts
 from dashboard.consumers.base import admit_operator
+from dashboard.views import fleet_page_summary
 from telemetry.live import FLEET_GROUP
-from telemetry.selectors import fleet_summary
 
 
 class FleetConsumer(AsyncJsonWebsocketConsumer):
@@ -22,10 +23,11 @@ class FleetConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(FLEET_GROUP, self.channel_name)
         await self.accept()
         # The page was rendered some time ago; bring it up to date without waiting for ingest.
-        await self.send_json(await database_sync_to_async(fleet_summary)())
+        await self.send_json(await database_sync_to_async(fleet_page_summary)())
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(FLEET_GROUP, self.channel_name)
 
     async def fleet_update(self, event: dict) -> None:
-        await self.send_json(event["data"])
+        # Alert counts ride along with every push so the fleet page and the alerts list agree.
+        await self.send_json({**event["data"], "alerts": await database_sync_to_async(open_alert_counts)()})

@@ -27,11 +27,12 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from alerts import forms, rule_actions, selectors
 from alerts.models import ActionState, AlertState, NotificationStatus, Severity
 from dashboard.pages.inventory import duration, when
+from dashboard.pages.svgchart import line_chart
 from tenancy.access import operator_required
 
 
@@ -78,11 +79,15 @@ def _action(name: str, *modules: str) -> Callable:
 
 
 def _back(request, fallback: str) -> HttpResponseRedirect:
-    # Return to the page the button was on, but only to one of ours (not "//evil.example" nor "/\evil.example").
-    target = request.POST.get("next", "")
+    return redirect(_next_url(request, fallback))
+
+
+def _next_url(request, fallback: str) -> str:
+    # The page the button was on, but only one of ours (not "//evil.example" nor "/\evil.example").
+    target = request.POST.get("next") or request.GET.get("next") or ""
     ours = target.startswith("/") and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
                                                                         require_https=request.is_secure())
-    return redirect(target if ours else fallback)
+    return target if ours else fallback
 
 
 def _add_errors(form, exc: ValidationError, rename: dict[str, str]) -> None:
@@ -110,6 +115,29 @@ def display_alert(row: dict, at: datetime) -> dict:
             "ends_text": when(row.get("ends_at")), "labels_text": _pairs(row["labels"])}
 
 
+def with_entity_health(rows: list[dict], at: datetime) -> list[dict]:
+    """Each alert row with the current state of the hardware it is about (`telemetry.health`), so an
+    alert and the GPU, node or port page it links to say the same thing now."""
+    from telemetry import health
+    from telemetry.models import Gpu, Node
+
+    keys = {kind: {r["entity_key"] for r in rows if r.get("entity_kind") == kind and r.get("entity_key")}
+            for kind in ("gpu", "node", "port")}
+    gpu_ids = dict(Gpu.objects.filter(uuid__in=keys["gpu"]).values_list("uuid", "id"))
+    node_ids = dict(Node.objects.filter(hostname__in=keys["node"]).values_list("hostname", "id"))
+    port_ids = {k: int(k) for k in keys["port"] if k.isdigit()}
+    found = {
+        "gpu": (gpu_ids, health.gpu_health(gpu_ids.values(), now=at) if gpu_ids else {}),
+        "node": (node_ids, health.node_health(node_ids.values(), now=at) if node_ids else {}),
+        "port": (port_ids, health.port_health(port_ids.values(), now=at) if port_ids else {}),
+    }
+    for r in rows:
+        ids, states = found.get(r.get("entity_kind"), ({}, {}))
+        h = states.get(ids.get(r.get("entity_key")))
+        r["entity_health"] = health.health_fields(h) if h else None
+    return rows
+
+
 def _pairs(labels: dict) -> list[str]:
     return [f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity")]
 
@@ -132,7 +160,14 @@ def display_action(row: dict) -> dict:
     """A remediation action with its state colour, times in words and evidence/result as text."""
     return {**row, "state_colour": ActionState.colour(row["state"]), "created_text": when(row["created_at"]),
             "finished_text": when(row["finished_at"]), "evidence_text": pretty(row["evidence"]),
-            "result_text": pretty(row["result"])}
+            "result_text": pretty(row["result"]), "approvable": _approvable(row)}
+
+
+def _approvable(row: dict) -> bool:
+    """Whether the action may still be approved (through its confirm page); a shadow record never runs."""
+    from alerts.remediation.impact import APPROVABLE
+
+    return row["mode"] != "shadow" and row["state"] in APPROVABLE
 
 
 def silence_text(labels: dict) -> str:
@@ -161,9 +196,9 @@ def alert_list(request):
             history["notifications"] = [display_notification(n) for n in history["notifications"]]
         else:
             status = 400
-    rows = [display_alert(r, at) for r in selectors.open_alerts()]
+    rows = with_entity_health([display_alert(r, at) for r in selectors.open_alerts()], at)
     return render(request, "alerts/alerts.html", {
-        "alerts": rows, "firing": sum(r["state"] == AlertState.FIRING for r in rows), "search": search,
+        "alerts": rows, "counts": selectors.open_alert_counts(), "search": search,
         "history": history, "operator": selectors.is_operator(request.user), "tab": "alerts"}, status=status)
 
 
@@ -174,7 +209,7 @@ def alert_detail(request, alert_id: int):
     row = selectors.alert_detail(alert_id)
     if row is None:
         raise Http404("No such alert.")
-    alert = display_alert(row, now())
+    alert = with_entity_health([display_alert(row, now())], now())[0]
     alert["notifications"] = [display_notification(n) for n in row["notifications"]]
     alert["actions"] = [display_action(x) for x in row["actions"]]
     alert["silence_text"] = silence_text(row["labels"])
@@ -380,13 +415,73 @@ def remediation(request):
         "operator": selectors.is_operator(request.user)})
 
 
+def _impact_page(request, action, impact, *, status: int = 200):
+    """The confirmation: the impact preview and, while approving is allowed, the form that confirms it.
+    `?partial=1` answers the fragment alone, which the remediation page's dialog shows (confirm.js)."""
+    template = "alerts/_confirm.html" if request.GET.get("partial") else "alerts/confirm.html"
+    from alerts.remediation.impact import confirm_token
+
+    return render(request, template, {"action": display_action(selectors.action_row(action)), "impact": impact,
+                                      "token": confirm_token(impact),
+                                      "next": _next_url(request, reverse("remediation"))}, status=status)
+
+
 @operator_required
-@require_POST
+@require_http_methods(["GET", "HEAD", "POST"])
 def action_approve(request, action_id: int):
-    """Approve an action awaiting approval; it runs from here."""
+    """Approve an action: GET shows the impact preview (jobs, tenants, GPUs, blast-radius budget); a POST
+    acts only with the confirm token of that same preview, else it shows the preview again and changes
+    nothing. A guard rail that blocks it (an exhausted budget) refuses it, recorded as blocked."""
+    from alerts.remediation.impact import action_impact, confirmed
+
+    action = _get_action(action_id)
+    impact = action_impact(action, now=now())
+    if request.method != "POST":
+        return _impact_page(request, action, impact)
+    if not confirmed(impact, request.POST.get("confirm", "")):
+        messages.warning(request, "Nothing was approved: read the impact below and confirm it"
+                         + (" (it changed since it was shown)." if request.POST.get("confirm") else "."))
+        return _impact_page(request, action, impact, status=409)
     do_approve_action = _action("do_approve_action", "alerts.remediation.actions")
-    _attempt(request, lambda: do_approve_action(action_id, request.user), f"Action {action_id} approved.")
-    return redirect("remediation")
+    try:
+        action = do_approve_action(action_id, request.user, now=now())
+    except _refusals() as exc:
+        messages.error(request, str(exc))
+    else:
+        if action.state == ActionState.BLOCKED:
+            messages.error(request, f"Action {action_id} refused by a guard rail: {action.blocked_reason}")
+        else:
+            messages.success(request, f"Action {action_id} approved.")
+    return redirect(_next_url(request, reverse("remediation")))
+
+
+def _get_action(action_id: int):
+    from alerts.models import RemediationAction
+
+    action = RemediationAction.objects.select_related("decided_by", "alert").filter(pk=action_id).first()
+    if action is None:
+        raise Http404("No such remediation action.")
+    return action
+
+
+@operator_required
+@require_safe
+def action_detail(request, action_id: int):
+    """One action: what it would do (the impact preview), its evidence as a timeline with the target's metric
+    charts, and the raw evidence and result behind a toggle."""
+    from alerts.remediation import evidence
+    from alerts.remediation.impact import action_impact, confirm_token
+
+    action, at = _get_action(action_id), now()
+    impact = action_impact(action, now=at)
+    entries = evidence.timeline(action, now=at)
+    marks = [e.time for e in entries if e.source in ("fault", "action")]
+    charts = [{**c, "svg": line_chart(c["lines"], c["start"], c["end"], marks=marks)}
+              for c in evidence.charts(action, now=at)]
+    return render(request, "alerts/action.html", {
+        "action": display_action(selectors.action_row(action)), "impact": impact, "token": confirm_token(impact),
+        "timeline": entries, "charts": charts, "next": reverse("action", args=[action_id]),
+        "operator": selectors.is_operator(request.user)})
 
 
 @operator_required

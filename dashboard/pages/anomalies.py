@@ -7,14 +7,15 @@ of the open events per detector. `anomalies.js` keeps both live over `/ws/anomal
 changed. The GPU, node, port and job pages show an "Anomalies and risk" section built by the
 `*_section` functions here and drawn by `templates/partials/anomalies.html`.
 
-Rows are shaped for display here, once, so the server-rendered table and the live re-render in the
-browser show the same words: an explanation is the summary plus one chip per contribution,
-"memory temperature 82.1 (expected 70.3) +6.2σ vs peers in node", coloured by |deviation|.
+The words come from `anomaly.display` (entity "GPU 7 of node-0227", each contribution "memory
+temperature 82.1 °C vs median of peers in node 70.3 °C (+6.2σ)"), the formatter every other view
+of anomalies uses too; this module adds only the page's times and colours, once, so the
+server-rendered table and the live re-render in the browser show the same thing. A chip is
+coloured by |deviation| and also prints the σ, so colour is never the only cue.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
@@ -75,29 +76,14 @@ def _text(params: Mapping, name: str) -> str:
 
 # --- Display shaping, shared by the page, the live push and the drill-down sections ----------------
 
-def number(x: float | None) -> str:
-    """A contribution's value as read at a glance: "82.1", "0.0123", "12,345", "—"."""
-    if x is None or not math.isfinite(x):
-        return "—"
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
-
-
-def chip(c: dict) -> dict:
-    """One contribution as "label value (expected X) +6.2σ vs basis", with its band's colour."""
-    dev = c.get("deviation")
-    expected = f" (expected {number(c.get('expected'))})" if c.get("expected") is not None else ""
-    head = f"{c.get('label') or c.get('field', '')} {number(c.get('value'))}{expected}"
-    if not isinstance(dev, int | float) or not math.isfinite(dev):  # e.g. loss = NaN: as bad as it gets
-        return {"text": f"{head} not finite", "level": "high", "colour": DEVIATION_BANDS[0][2]}
+def chip(reason: dict) -> dict:
+    """One contribution's words (`anomaly.display.reason`) with its |deviation| band's colour; a
+    non-finite deviation (loss = NaN) is as bad as it gets."""
+    dev = reason.get("deviation")
+    if dev is None:
+        return {"text": reason["text"], "level": "high", "colour": DEVIATION_BANDS[0][2]}
     level, colour = next((name, col) for floor, name, col in DEVIATION_BANDS if abs(dev) >= floor)
-    return {"text": f"{head} {dev:+.1f}σ vs {c.get('basis', '')}", "level": level, "colour": colour}
-
-
-def _entity_text(row: dict) -> str:
-    if row["entity_kind"] == "rank" and "#" in row["entity_id"]:
-        key, rank = row["entity_id"].rsplit("#", 1)
-        return f"{key} rank {rank}"
-    return row["entity_id"]
+    return {"text": reason["text"], "level": level, "colour": colour}
 
 
 def short_time(iso: str) -> str:
@@ -110,12 +96,12 @@ def display_row(row: dict) -> dict:
     score = f"{100 * row['score']:.1f}%" if row["kind"] == AnomalyKind.FAILURE_RISK else f"{row['score']:.2f}"
     ended = row["ended_at"]
     until_title = inventory.when(ended) if ended else f"open, last seen {inventory.when(row['last_seen'])}"
-    return {**row, "entity_text": _entity_text(row), "score_text": score,
+    return {**row, "score_text": score,
             "since_text": short_time(row["started_at"]), "since_title": inventory.when(row["started_at"]),
             "until_text": short_time(ended) if ended else None, "until_title": until_title,
             "last_seen_text": short_time(row["last_seen"]),
             "host_url": f"/nodes/{row['host']}/" if row["host"] and row["entity_kind"] != "rack" else None,
-            "chips": [chip(c) for c in row["contributions"] if isinstance(c, dict)]}
+            "chips": [chip(r) for r in row["reasons"]]}
 
 
 def counts_figure(counts: dict[str, int]) -> dict:

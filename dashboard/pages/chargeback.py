@@ -86,17 +86,21 @@ def tenant_rows(user, start: datetime, end: datetime) -> tuple[list[dict], Decim
     return ordered, usage[None]["gpu_hours"] if None in usage else Decimal(0)
 
 
+# The columns of a tenant's hours, which add up to its GPU-hours (failed hours are part of lost).
+HOUR_SPLIT = ("gpu_hours", "busy_hours", "idle_held_hours", "unmeasured_hours", "lost_hours")
+
+
 def _tenant_row(t: Tenant, use: dict | None, inv: Invoice | None, start: datetime, until: datetime) -> dict:
     cost, why = portal.priced_total(t, start, until) if use else (Decimal("0.00"), "")
     use = use or {}
-    num = {k: use.get(k, Decimal(0)) for k in ("gpu_hours", "busy_hours", "idle_held_hours", "lost_hours")}
+    num = {k: use.get(k, Decimal(0)) for k in HOUR_SPLIT}
     return {"tenant": t, "org_name": (t.parent or t).name, "is_team": t.parent_id is not None, **num,
             "kwh": use.get("energy_kwh", Decimal(0)), "cost": cost, "cost_error": why, "has_usage": bool(use),
             "invoice": portal.invoice_row(inv, "/chargeback") if inv else None}
 
 
 def _roll_up(org: dict, team: dict) -> None:
-    for k in ("gpu_hours", "busy_hours", "idle_held_hours", "lost_hours", "kwh"):
+    for k in (*HOUR_SPLIT, "kwh"):
         org[k] += team[k]
     if team["cost"] is None or org["cost"] is None:
         org["cost"] = None

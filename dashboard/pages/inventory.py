@@ -13,11 +13,15 @@ from urllib.parse import urlencode
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.views.decorators.http import require_safe
 
+from alerts.search import SEARCH_LIMIT, find_anything
 from dashboard.pages import anomalies  # a module import: anomalies imports this module too
 from telemetry import selectors
-from telemetry.models import GpuEventKind, HealthState
-from tenancy.access import operator_required
+from telemetry.models import GpuEventKind, HealthState, JobState
+from telemetry.selectors.search import MAX_QUERY, clean_query
+from tenancy.access import operator_required, tenant_member_required
+from tenancy.scoping import is_operator
 
 # Okabe-Ito: told apart with every common colour-vision deficiency; the page writes the word too.
 SEVERITY_COLOURS = {"info": "#0072b2", "warning": "#e69f00", "critical": "#d55e00"}
@@ -25,10 +29,12 @@ ACTION_LABELS = {
     "none": "No action needed", "restart_app": "Restart the application", "reset_gpu": "Reset the GPU",
     "drain_node": "Drain the node", "reboot_node": "Reboot the node", "rma": "Replace the GPU (RMA)",
 }
-SEARCH_GROUPS = (("node", "Nodes"), ("gpu", "GPUs"), ("job", "Jobs"), ("tenant", "Tenants"))
-SEARCH_LIMIT = 50
 SI_PREFIXES = ("", "k", "M", "G", "T", "P")
 EVENTS_LIMIT = 50
+SEARCH_KINDS = {"tenant": "Tenants", "job": "Jobs", "node": "Nodes", "gpu": "GPUs", "alert": "Alerts", "rack": "Racks",
+                "switch": "Switches", "port": "Fabric ports"}
+# Kinds with a drill-down of their own: one exact hit among them opens it straight away.
+OWN_PAGE = frozenset({"node", "gpu", "job", "port", "alert", "tenant"})
 
 
 # --- Formatting shared with drilldown.js (which renders pushed events the same way) -------------
@@ -112,7 +118,7 @@ def gpu_detail(request, uuid: str):
     for alloc in gpu["allocations"]:
         alloc["url"], alloc["tenant_url"] = _job_url(alloc["key"]), _tenant_url(alloc["tenant"] or "")
     return render(request, "gpu.html", {
-        "gpu": gpu, "sample_time": when(gpu["sample_time"]), "health_label": HealthState(gpu["health"]).label,
+        "gpu": gpu, "sample_time": when(gpu["sample_time"]),
         "events": event_rows(selectors.gpu_events(gpu_uuid=gpu["uuid"], limit=EVENTS_LIMIT)),
         "history": _history_rows(selectors.allocation_history(gpu_id=gpu["id"])),
         "anomalies": anomalies.gpu_section(gpu["uuid"]),
@@ -129,9 +135,8 @@ def node_detail(request, hostname: str):
         gpu["util_text"] = value_text(gpu["gpu_util"], "%")
         gpu["temp_text"] = value_text(gpu["gpu_temp"], "°C")
         gpu["power_text"] = value_text(gpu["power_w"], "W")
-        gpu["health_label"] = HealthState(gpu["health"]).label
     return render(request, "node.html", {
-        "node": node, "health_label": HealthState(node["health"]).label,
+        "node": node,
         "history": _history_rows(selectors.allocation_history(node_id=node["id"])),
         "anomalies": anomalies.node_section(node["hostname"]),
     })
@@ -157,26 +162,69 @@ def port_detail(request, port_id: int):
     })
 
 
-@operator_required
+@tenant_member_required
+@require_safe
 def search(request):
-    """Results grouped by kind; exactly one exact match goes straight to its page."""
-    q = request.GET.get("q", "").strip()
-    results = selectors.search(q, limit=SEARCH_LIMIT) if q else []
-    for hit in results:
-        hit["url"] = _hit_url(hit)
-    exact = [hit for hit in results if hit["match"] == "exact"]
-    if len(exact) == 1:
+    """Find anything (alerts.search): results grouped by kind; one exact hit with a page of its own opens it.
+
+    An operator searches the whole fleet; a tenant's user its own tenants' jobs, the GPUs and nodes they
+    hold, its alerts, and reaches them on its portal. A query too long or holding control characters is
+    a 400 that says why; a blank one shows how to search.
+    """
+    raw = request.GET.get("q", "")
+    q = raw.strip()
+    problem = search_problem(q)
+    operator = is_operator(request.user)
+    groups = [] if problem else find_anything(q, request.user, SEARCH_LIMIT)
+    for group in groups:
+        group["label"] = SEARCH_KINDS[group["kind"]]
+        for hit in group["hits"]:
+            hit.update(url=_hit_url(hit, operator), **_state_badge(hit))
+    exact = [h for g in groups for h in g["hits"] if h["match"] == "exact"]
+    if operator and len(exact) == 1 and exact[0]["kind"] in OWN_PAGE:
         return redirect(exact[0]["url"])
-    groups = [{"kind": kind, "label": label, "hits": [h for h in results if h["kind"] == kind]}
-              for kind, label in SEARCH_GROUPS]
     return render(request, "search.html", {
-        "q": q, "results": results, "groups": [g for g in groups if g["hits"]], "limit": SEARCH_LIMIT,
-    })
+        "q": q[:MAX_QUERY], "problem": problem, "groups": groups, "limit": SEARCH_LIMIT, "operator": operator,
+        "total": sum(len(g["hits"]) for g in groups), "more": any(g["more"] for g in groups),
+    }, status=400 if problem else 200)
 
 
-def _hit_url(hit: dict) -> str:
-    if hit["kind"] == "tenant":
-        return _tenant_url(hit["key"])
+def search_problem(q: str) -> str:
+    """Why a query cannot be searched, or ""."""
+    if len(q) > MAX_QUERY:
+        return f"That query is {len(q):,} characters long; search takes up to {MAX_QUERY}."
+    if clean_query(q) != q:
+        return "That query holds control characters; type the name, id or text you are looking for."
+    return ""
+
+
+def _hit_url(hit: dict, operator: bool) -> str:
+    """The hit's page: the drill-downs for operators, the tenant's portal for a tenant's user."""
+    kind, key = hit["kind"], hit["key"]
+    if kind == "tenant":
+        return reverse("portal", args=[key])
+    if not operator:
+        slug = hit.get("tenant")
+        page = {"job": "portal-jobs", "gpu": "portal-health", "node": "portal-health"}.get(kind, "portal")
+        return reverse(page, args=[slug]) if slug else reverse("portal-home")
+    if kind == "rack":
+        return reverse("racks")
+    if kind == "switch":  # no page of its own: its ports, each with theirs
+        return f"{reverse('search')}?{urlencode({'q': f'{key}/'})}"
+    if kind == "job":
+        return _job_url(key)
+    return reverse(kind, args=[int(key) if kind in ("port", "alert") else key])
+
+
+def _state_badge(hit: dict) -> dict:
+    """The hit's state as the pages write it, with its colour."""
+    state = hit.get("state") or ""
     if hit["kind"] == "job":
-        return _job_url(hit["key"])
-    return reverse(hit["kind"], args=[hit["key"]])
+        return {"state_label": JobState(state).label, "state_colour": JobState.colour(state)}
+    if hit["kind"] == "alert":
+        label = f"{hit['severity']} · {state}" if state != "resolved" else state
+        colour = SEVERITY_COLOURS.get(hit["severity"], "#6c7a89") if state != "resolved" else "#6c7a89"
+        return {"state_label": label.capitalize(), "state_colour": colour}
+    if hit["kind"] == "tenant":
+        return {"state_label": state.capitalize(), "state_colour": "#2e9d5b" if state == "running" else "#6c7a89"}
+    return {"state_label": HealthState(state).label, "state_colour": HealthState.colour(state)}

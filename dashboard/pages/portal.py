@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import wraps
 
+from django.db.models import Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -33,7 +34,6 @@ WASTE_DAYS = 7
 JOB_WINDOWS = {"1": 1, "7": 7, "30": 30}
 GPU_ROWS = 200  # the GPU table lists this many of the tenant's GPUs at most (the worst first)
 # Health states a tenant should look at (unplaced only means the inventory lacks the GPU's rack).
-UNWELL = {"failed": 0, "degraded": 1, "stale": 2, "drained": 3}
 
 
 def now() -> datetime:
@@ -230,7 +230,8 @@ def chart_data(view, at: datetime) -> dict:
         return [float(by_day.get(d.date().isoformat(), {}).get(key) or 0) for d in days]
 
     return {"days": [d.date().isoformat() for d in days], "busy": series("busy_hours"),
-            "idle_held": series("idle_held_hours"), "lost": series("lost_hours"), "cost": cost,
+            "idle_held": series("idle_held_hours"), "unmeasured": series("unmeasured_hours"),
+            "lost": series("lost_hours"), "cost": cost,
             "currency": view.tenant.currency, "cost_problems": problems}
 
 
@@ -297,37 +298,48 @@ def job_rows(view, start: datetime, end: datetime) -> list[dict]:
         ranks = r.get("straggler_ranks") or []
         rows.append({**r, "gpu_hours_text": hours(r["gpu_hours"]), "busy_text": hours(r["busy_hours"]),
                      "idle_text": hours(r["idle_held_hours"]), "lost_text": hours(r["lost_hours"]),
+                     "unmeasured_text": hours(r["unmeasured_hours"]), "failed_text": hours(r["failed_hours"]),
                      "stragglers_text": (f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}: {', '.join(ranks[:8])}"
                                          + ("…" if len(ranks) > 8 else "")) if ranks else ""})
     return rows
 
 
-def gpu_health_rows(view, at: datetime) -> dict:
-    """The GPUs the tenant's running jobs hold: per job (count, utilisation, temperature, power, health) and
-    the GPUs themselves, unhealthy and faulted ones first, with their open faults."""
-    from telemetry.models import Allocation, GpuEvent, HealthState
-    from telemetry.selectors.inventory import gpu_health, job_key, latest_gpu_rows
+# A job the hardware ended stays on the tenant's GPU list this long, so the failure that ended it is seen.
+RECENT_FAILURES = timedelta(hours=1)
 
-    allocs = list(Allocation.objects.visible_to(view).filter(end__isnull=True, gpu__isnull=False)
+
+def gpu_health_rows(view, at: datetime) -> dict:
+    """The GPUs the tenant's running jobs hold, and those of its jobs that the hardware ended in the last
+    RECENT_FAILURES (failed or node failure): per job (count, utilisation, temperature, power, health) and the
+    GPUs themselves, unhealthy and faulted ones first, with their open faults."""
+    from django.db.models import Q
+
+    from telemetry import health as health_model
+    from telemetry.models import Allocation, GpuEvent, JobState
+    from telemetry.selectors.inventory import gpu_tile, job_key, latest_gpu_rows
+
+    ended_by_failure = Q(job__state__in=(JobState.FAILED, JobState.NODE_FAIL), end__gte=at - RECENT_FAILURES)
+    allocs = list(Allocation.objects.visible_to(view).filter(gpu__isnull=False)
+                  .filter(Q(end__isnull=True) | ended_by_failure)
                   .select_related("job", "gpu__node").order_by("job_id", "gpu__node__hostname", "gpu_index"))
     latest = latest_gpu_rows(a.gpu_id for a in allocs)
+    healths = health_model.gpu_health([a.gpu_id for a in allocs], now=at)
     faults: dict[int, list[str]] = {}
     for ev in GpuEvent.objects.filter(gpu_id__in=[a.gpu_id for a in allocs], cleared_at__isnull=True):
         faults.setdefault(ev.gpu_id, []).append(f"XID {ev.code}" if ev.kind == "xid" else ev.get_kind_display())
     gpus, jobs = [], {}
     for a in allocs:
-        node, row = a.gpu.node, latest.get(a.gpu_id) or {}
-        health = gpu_health(node.rack_id, node.state, latest.get(a.gpu_id), at)
+        node, tile = a.gpu.node, gpu_tile(latest.get(a.gpu_id), healths[a.gpu_id])
         gpu = {"uuid": a.gpu.uuid, "host": node.hostname, "index": a.gpu_index, "job": job_key(a.job.source,
-               a.job.external_id), "job_name": a.job.name, "util": row.get("gpu_util"), "temp": row.get("gpu_temp"),
-               "power": row.get("power_w"), "health": health, "health_colour": HealthState.colour(health),
+               a.job.external_id), "job_name": a.job.name, "util": tile["gpu_util"], "temp": tile["gpu_temp"],
+               "power": tile["power_w"], **{k: v for k, v in tile.items() if k.startswith("health") or k == "fresh"},
                "faults": faults.get(a.gpu_id, []), "fraction": a.fraction}
         gpus.append(gpu)
         _add_to_job(jobs.setdefault(gpu["job"], {"job": gpu["job"], "name": a.job.name, "gpus": 0, "util": [],
                                                   "temp": [], "power": 0.0, "unhealthy": 0, "faults": 0}), gpu)
-    gpus.sort(key=lambda g: (not g["faults"], UNWELL.get(g["health"], 9), g["job"], g["host"], g["index"]))
+    gpus.sort(key=lambda g: (not g["faults"], health_model.RANK[g["health"]], g["job"], g["host"], g["index"]))
     return {"jobs": [_job_health(j) for j in jobs.values()], "gpus": gpus[:GPU_ROWS], "total": len(gpus),
-            "unhealthy": sum(g["health"] in UNWELL for g in gpus), "faulted": sum(bool(g["faults"]) for g in gpus)}
+            "unhealthy": sum(g["health"] != "ok" for g in gpus), "faulted": sum(bool(g["faults"]) for g in gpus)}
 
 
 def _add_to_job(job: dict, gpu: dict) -> None:
@@ -336,13 +348,44 @@ def _add_to_job(job: dict, gpu: dict) -> None:
         if gpu[key] is not None:
             job[key].append(gpu[key])
     job["power"] += gpu["power"] or 0.0
-    job["unhealthy"] += gpu["health"] in UNWELL
+    job["unhealthy"] += gpu["health"] != "ok"
     job["faults"] += len(gpu["faults"])
 
 
 def _job_health(job: dict) -> dict:
     return {**job, "util": sum(job["util"]) / len(job["util"]) if job["util"] else None,
             "temp": max(job["temp"]) if job["temp"] else None, "power_kw": job["power"] / 1000}
+
+
+# Remediation states that are something the operators did (or are doing), not a suggestion or a dry run.
+DONE_STATES = ("awaiting", "approved", "running", "succeeded", "failed")
+# How long after a fault cleared an action on its node or GPU still counts as an answer to it (a resume).
+AFTER_CLEAR = timedelta(hours=1)
+
+
+def hardware_events(view, start: datetime, end: datetime) -> list[dict]:
+    """The GPU faults that touched the tenant's own jobs in [start, end) (tenancy.selectors, scoped), each with
+    what the operators did about it: remediation actions on its node, GPU or job from the fault's first sighting
+    until an hour after it cleared, shown by kind, state and time only (their reasons may name other tenants)."""
+    from alerts.models import RemediationAction
+
+    rows = _selectors().job_hardware_events(view, start, end)
+    if not rows:
+        return []
+    targets = Q(pk__in=[])
+    for kind, key in (("node", "host"), ("gpu", "gpu_uuid"), ("job", "job_key")):
+        targets |= Q(target_kind=kind, target_key__in={r[key] for r in rows})
+    actions = list(RemediationAction.objects.filter(targets, state__in=DONE_STATES,
+                                                    created_at__gte=min(r["first_seen"] for r in rows))
+                   .order_by("created_at"))
+    for r in rows:
+        until = (r["cleared_at"] or end) + AFTER_CLEAR
+        keys = {("node", r["host"]), ("gpu", r["gpu_uuid"]), ("job", r["job_key"])}
+        r["actions"] = [{"kind": a.kind, "label": a.get_kind_display(), "state": a.get_state_display(),
+                         "at": a.created_at} for a in actions
+                        if (a.target_kind, a.target_key) in keys and r["first_seen"] <= a.created_at <= until]
+        r["label"] = f"XID {r['code']}" if r["kind"] == "xid" else r["kind_label"]
+    return rows
 
 
 def tenant_alerts(view, at: datetime) -> dict:
@@ -382,16 +425,35 @@ def portal(request, view: TenantView):
     invoices = Invoice.objects.visible_to(view).select_related("tenant").order_by("-period_start", "tenant__name")
     return render(request, "portal/overview.html", _frame(request, view, "overview", **{
         "charts": chart_data(view, at), "waste": waste_lines(view, at), "quotas": quota_rows(view),
-        "spent": month_spent(view, at), **week_totals(view, at), "metered_until": metered_until(),
+        **month_spent(view, at), **week_totals(view, at), "metered_until": metered_until(),
         "invoices": [invoice_row(i, _base(view)) for i in invoices[:5]],
         "open_alerts": tenant_alerts(view, at)["open"], "plotly_version": DASH_ASSET_VERSION,
         "usage_csv": f"{_base(view)}/usage.csv?days={CHART_DAYS}"}))
 
 
-def month_spent(view, at: datetime) -> str | None:
-    """What this month's usage so far costs, over every tenant in view; None when some of it cannot be priced."""
-    spent = [priced_total(t, month_start(at), floor_hour(at))[0] for t in used_tenants(view, month_start(at), at)]
-    return None if None in spent else money(sum(spent, Decimal(0)), view.tenant.currency)
+def _statement_total(tenant: Tenant, start: datetime, end: datetime) -> Decimal | None:
+    from tenancy.billing import BillingError, statement
+
+    try:
+        return statement(tenant, start, end).total
+    except BillingError:
+        return None
+
+
+def month_spent(view, at: datetime) -> dict:
+    """This month so far: the total of the tenant's draft invoice for the month, computed by the function that
+    writes the draft (tenancy.billing.statement), so the two agree to the cent. Teams and projects under an
+    organisation have invoices of their own, summed apart. None where some usage cannot be priced."""
+    from tenancy.billing import add_month
+
+    start = month_start(at)
+    end = add_month(start)
+    own = _statement_total(view.tenant, start, end)
+    teams = [_statement_total(t, start, end) for t in used_tenants(view, start, at) if t.id != view.tenant.id]
+    draft = Invoice.objects.visible_to(view).filter(tenant=view.tenant, period_start=start).first()
+    return {"spent": None if own is None else money(own, view.tenant.currency),
+            "spent_teams": (None if None in teams else money(sum(teams, Decimal(0)), view.tenant.currency))
+            if teams else "", "draft": invoice_row(draft, _base(view)) if draft else None}
 
 
 def week_totals(view, at: datetime) -> dict:
@@ -414,9 +476,15 @@ def portal_jobs(request, view: TenantView):
     if days not in JOB_WINDOWS:
         days = "7"
     at = now()
-    rows = job_rows(view, at - JOB_WINDOWS[days] * DAY, at)
+    start = at - JOB_WINDOWS[days] * DAY
+    rows, events = job_rows(view, start, at), hardware_events(view, start, at)
+    faults: dict[int, list[str]] = {}
+    for e in events:
+        faults.setdefault(e["job_id"], []).append(e["label"])
+    for r in rows:
+        r["faults"] = sorted(set(faults.get(r["job_id"], [])))
     return render(request, "portal/jobs.html", _frame(request, view, "jobs", jobs=rows, days=days,
-                                                      windows=list(JOB_WINDOWS)))
+                                                      windows=list(JOB_WINDOWS), events=events))
 
 
 @tenant_page
@@ -437,10 +505,13 @@ def _invoice(view, number: str) -> Invoice:
 @tenant_page
 def portal_invoice(request, view: TenantView, number: str):
     """One invoice: its lines, each traced to a job, and its exports."""
+    from tenancy.billing import LOST_RULES, UNMEASURED_RULE
+
     inv = _invoice(view, number)
     return render(request, "portal/invoice.html", _frame(
         request, view, "invoices", invoice=invoice_row(inv, _base(view)), lines=invoice_lines(inv),
-        currency=inv.currency))
+        currency=inv.currency, rules={"unmeasured": UNMEASURED_RULE, "lost": LOST_RULES[inv.tenant.lost_hours_policy],
+                                      "policy": inv.tenant.get_lost_hours_policy_display()}))
 
 
 @tenant_page
@@ -467,7 +538,8 @@ def portal_health(request, view: TenantView):
     """The tenant's alerts, and the health of the GPUs its running jobs hold."""
     at = now()
     return render(request, "portal/health.html", _frame(
-        request, view, "health", alerts=tenant_alerts(view, at), health=gpu_health_rows(view, at)))
+        request, view, "health", alerts=tenant_alerts(view, at), health=gpu_health_rows(view, at),
+        events=hardware_events(view, at - WASTE_DAYS * DAY, at)))
 
 
 def metered_until():

@@ -1,17 +1,30 @@
-"""Fleet reliability: survival analysis of GPU lifetimes by location and age.
+"""Reliability: this fleet's own failure history beside the Titan reference records.
 
-The view parses `?batch=` and calls `reliability_context`, which loads the active survival version
-from the model registry (written by `manage.py fit_survival`) and shapes its report for the
-template: Kaplan-Meier figures as plain Plotly specs (drawn by reliability.js with the locally
-served plotly.js), the hazard table with formatted numbers, and the cage effect in words.
+Two sources, kept apart on the page and in its labels:
+
+- "This fleet": failures from the fleet's own GPU fault events (`telemetry.selectors.reliability`):
+  totals, failures per 1,000 GPU-days and MTBF over the GPU-days it has observed, per week and per
+  month, by cause (XIDs by code with their meaning), by node and rack, and the newest failures
+  linking to their GPU pages.
+- "Titan reference (OLCF, years)": survival analysis of GPU lifetimes by location and age, fitted
+  on the ORNL Titan records. `reliability_context` loads the active survival version from the
+  model registry (written by `manage.py fit_survival`) and shapes its report: Kaplan-Meier figures
+  as plain Plotly specs, the hazard table with formatted numbers, and the cage effect in words.
+
+Every figure is a plain Plotly spec in one JSON block, drawn by reliability.js with the locally
+served plotly.js.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.shortcuts import render
+from django.utils import timezone
 
 from anomaly.selectors import fleet_survival
 from dashboard.staticfiles import DASH_ASSET_VERSION
+from telemetry.selectors.reliability import fleet_reliability
 from tenancy.access import operator_required
 
 SCOPES = {"old": "Old batch (installed 2013-15)", "new": "New batch (installed 2016-19)", "all": "All GPUs"}
@@ -115,25 +128,77 @@ def km_sections(curves: dict, tests: dict, label: str) -> list[dict]:
     return sections
 
 
-def reliability_context(scope: str) -> dict:
-    """The active survival version shaped for the page; `report` is None when nothing is fitted."""
-    base = {"scope": scope, "scopes": SCOPES, "plotly_version": DASH_ASSET_VERSION}
+def now() -> datetime:
+    """The page's clock (tests pin it)."""
+    return timezone.now()
+
+
+def rate_text(rate: float | None) -> str:
+    return "—" if rate is None else f"{rate:,.2f}"
+
+
+def fleet_figure(weeks: list[dict]) -> dict:
+    """Failures per week (bars) and the week's rate per 1,000 GPU-days (line, right axis)."""
+    x = [w["start"][:10] for w in weeks]
+    bars = {"type": "bar", "x": x, "y": [w["failures"] for w in weeks], "name": "failures",
+            "marker": {"color": PALETTE[2]}, "hovertemplate": "week of %{x}: %{y} failures<extra></extra>"}
+    line = {"type": "scatter", "mode": "lines+markers", "x": x, "yaxis": "y2", "name": "per 1,000 GPU-days",
+            "y": [w["per_1000_gpu_days"] for w in weeks], "line": {"color": PALETTE[0], "width": 2},
+            "hovertemplate": "week of %{x}: %{y:.2f} per 1,000 GPU-days<extra></extra>"}
+    layout = {"height": 300, "margin": {"l": 50, "r": 60, "t": 20, "b": 45}, "bargap": 0.3,
+              "xaxis": {"title": {"text": "week (UTC, from Monday)"}, "type": "category"},
+              "yaxis": {"title": {"text": "failures"}, "rangemode": "tozero"},
+              "yaxis2": {"title": {"text": "per 1,000 GPU-days"}, "overlaying": "y", "side": "right",
+                         "rangemode": "tozero", "showgrid": False},
+              "legend": {"orientation": "h", "y": 1.12}}
+    return {"data": [bars, line], "layout": layout}
+
+
+def fleet_context(at: datetime) -> dict:
+    """This fleet's failure history shaped for the page, and its weekly figure."""
+    fleet = fleet_reliability(at)
+    shaped = {**fleet, "rate_text": rate_text(fleet["per_1000_gpu_days"]),
+              "mtbf_text": f"{fleet['mtbf_gpu_days']:,.1f} GPU-days" if fleet["mtbf_gpu_days"] else "no failure yet",
+              "gpu_days_text": f"{fleet['gpu_days']:,.1f}",
+              "months": [{**m, "label": m["start"][:7], "rate_text": rate_text(m["per_1000_gpu_days"])}
+                         for m in fleet["by_month"][::-1]],
+              "nodes": [{**p, "rate_text": rate_text(p["per_1000_gpu_days"])} for p in fleet["nodes"]],
+              "racks": [{**p, "rate_text": rate_text(p["per_1000_gpu_days"])} for p in fleet["racks"]],
+              "recent": [{**r, "at_text": f"{r['at'][:10]} {r['at'][11:16]}"} for r in fleet["recent"]]}
+    return {"fleet": shaped, "fleet_figure": fleet_figure(fleet["by_week"]) if fleet["failures"] else None}
+
+
+def titan_label(version) -> str:
+    """ "Titan reference (OLCF, 2014–2019)": the years the fitted records span."""
+    years = ""
+    if version is not None and version.train_start and version.train_end:
+        years = f", {version.train_start.year}–{version.train_end.year}"
+    return f"Titan reference (OLCF{years})"
+
+
+def reliability_context(scope: str, at: datetime | None = None) -> dict:
+    """This fleet's failures, and the active survival version of the Titan reference shaped for the
+    page (`report` is None when nothing is fitted)."""
+    fleet = fleet_context(at or now())
+    figures = {"bw-fleet-weekly": fleet["fleet_figure"]} if fleet["fleet_figure"] else {}
+    base = {"scope": scope, "scopes": SCOPES, "plotly_version": DASH_ASSET_VERSION, "fleet": fleet["fleet"],
+            "figures": figures, "titan_label": titan_label(None)}
     loaded = fleet_survival()
     if loaded is None:
         return {**base, "report": None}
     version, report = loaded
     curves = report["curves"].get(scope)
     sections = km_sections(curves, report["logrank"].get(scope, {}), SCOPES[scope].lower()) if curves else []
-    figures = {s["figure_id"]: s.pop("figure") for s in sections}
+    figures.update({s["figure_id"]: s.pop("figure") for s in sections})
     figures["bw-forest"] = forest_figure(report["hazards"])
-    return {**base, "version": version, "report": report, "cox": report["cox"], "figures": figures,
+    return {**base, "version": version, "report": report, "cox": report["cox"], "titan_label": titan_label(version),
             "sections": sections, "hazards": hazard_rows(report["hazards"]), "cage_sentence": cage_effect(report),
             "scope_n": report.get(f"n_{scope}", 0), "scope_failures": report.get(f"failures_{scope}", 0)}
 
 
 @operator_required
 def reliability(request):
-    """Kaplan-Meier curves and the hazard model of GPU lifetimes by location and age."""
+    """This fleet's failure history, and Kaplan-Meier curves and the hazard model of the Titan reference."""
     scope = request.GET.get("batch", DEFAULT_SCOPE)
     if scope not in SCOPES:
         scope = DEFAULT_SCOPE

@@ -88,9 +88,18 @@ class _Sql:
     latest_insert: str
 
 
+# The gap between an entity's previous and new sample is its source's collection interval (the
+# right-hand side reads the row's old time); an out-of-order or repeated sample keeps the old one.
+_INTERVAL_SET = (
+    "interval_s = CASE WHEN {new}.time > l.time THEN extract(epoch FROM {new}.time - l.time) "
+    "ELSE l.interval_s END"
+)
+
+
 def _latest_update(kind, names: tuple[str, ...], stage: str, source: str) -> str:
     ent = kind.entity_column
-    sets = ", ".join(["time = s.time", *(f"{n} = COALESCE(s.{n}, l.{n})" for n in names)])
+    sets = ", ".join(["time = s.time", _INTERVAL_SET.format(new="s"),
+                      *(f"{n} = COALESCE(s.{n}, l.{n})" for n in names)])
     # The ANY(...) names the rows to touch up front. The staging table has no statistics, so
     # without it the planner hash-joins and reads the WHOLE last-value table for every batch:
     # at 16k GPUs, 9.5 ms instead of 2.7 ms for a 1,024-GPU batch, and worse for small ones.
@@ -108,7 +117,8 @@ def _sql(kind_name: str, names: tuple[str, ...]) -> _Sql:
     cols = ", ".join([ent, "time", *names])
     stage = f"bw_stage_{kind.name}"
     merge = ", ".join(f"{n} = COALESCE(EXCLUDED.{n}, t.{n})" for n in names) or "time = EXCLUDED.time"
-    latest = ", ".join(["time = EXCLUDED.time", *(f"{n} = COALESCE(EXCLUDED.{n}, l.{n})" for n in names)])
+    latest = ", ".join(["time = EXCLUDED.time", _INTERVAL_SET.format(new="EXCLUDED"),
+                        *(f"{n} = COALESCE(EXCLUDED.{n}, l.{n})" for n in names)])
     return _Sql(
         stage=stage,
         types=["int4", "timestamptz"] + [COPY_TYPES[spec[n].sql_type] for n in names],

@@ -11,20 +11,20 @@ from tenancy.scoping import ScopedQuerySet
 
 
 class HealthState(models.TextChoices):
-    """Health shown for a GPU or node; colours are the UI's."""
+    """The derived health of a GPU, port, node or rack (rules: `telemetry.health`); colours are the UI's."""
 
-    HEALTHY = "healthy", "Healthy"
+    OK = "ok", "OK"
     DEGRADED = "degraded", "Degraded"
     FAILED = "failed", "Failed"
+    STALE = "stale", "No data"
+    DRAINING = "draining", "Draining"
     DRAINED = "drained", "Drained"
-    UNPLACED = "unplaced", "Unplaced"
-    STALE = "stale", "Not reporting"
 
     @classmethod
     def colour(cls, value: str) -> str:
         return {
-            "healthy": "#2e9d5b", "degraded": "#e0a100", "failed": "#d64545",
-            "drained": "#6c7a89", "unplaced": "#8e6cc4", "stale": "#b0b7bf",
+            "ok": "#2e9d5b", "degraded": "#e0a100", "failed": "#d64545",
+            "draining": "#4f6d8f", "drained": "#6c7a89", "stale": "#8a939c",
         }[value]
 
 

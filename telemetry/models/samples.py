@@ -17,6 +17,7 @@ from django.db import models
 from telemetry.fields import COUNTER, GAUGE, KINDS, STATE, Field, SampleKind
 
 RESOLUTIONS = ("1m", "1h")
+LATEST_INTERVAL = "interval_s"
 
 
 def _column(field: Field) -> models.Field:
@@ -69,6 +70,9 @@ def _sample_models(kind: SampleKind) -> dict[str, type[models.Model]]:
     raw.update({f.name: _column(f) for f in kind.fields})
     latest = {ent: models.IntegerField(primary_key=True), "time": models.DateTimeField()}
     latest.update({f.name: _column(f) for f in kind.fields})
+    # Seconds between the entity's last two samples, kept by ingest: the source's own collection
+    # interval, which `telemetry.health` turns into "no data" after two missed collections.
+    latest[LATEST_INTERVAL] = RealField(null=True)
     out = {
         "raw": _model(f"{title}Sample", kind.table, raw, f"Raw {kind.name} samples (hypertable)."),
         "latest": _model(

@@ -24,12 +24,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from telemetry import health
 from telemetry.fields import COUNTER, KINDS
+from telemetry.health import health_fields
 from telemetry.models import Link, Port, Rack, Switch
 from telemetry.rollups import floor_bucket
 from telemetry.selectors.fleet import iso_utc
@@ -113,7 +114,7 @@ def cursor_without_jit() -> Iterator:
 
 def window_params(now: datetime) -> dict:
     """Bound parameters for `rate_join` and for freshness of the last-value tables."""
-    return {"rate_bucket": rate_bucket(now), "fresh": now - settings.STALE_AFTER}
+    return {"rate_bucket": rate_bucket(now), **health.sql_params(now)}
 
 
 def _both_ends(counters: tuple[str, ...]) -> str:
@@ -157,8 +158,8 @@ lm AS (
     FROM sl
     {rate_join("port", RATE_COUNTERS, "sl.lo_port", "rl")}
     {rate_join("port", RATE_COUNTERS, "sl.hi_port", "rh")}
-    LEFT JOIN {_PORT_LATEST} fl ON fl.port_id = sl.lo_port AND fl.time >= %(fresh)s
-    LEFT JOIN {_PORT_LATEST} fh ON fh.port_id = sl.hi_port AND fh.time >= %(fresh)s
+    LEFT JOIN {_PORT_LATEST} fl ON fl.port_id = sl.lo_port AND {health.fresh_sql("fl")}
+    LEFT JOIN {_PORT_LATEST} fh ON fh.port_id = sl.hi_port AND {health.fresh_sql("fh")}
     WHERE %(all_tiers)s OR sl.lo_tier = 0 AND sl.hi_tier = 1
 )
 SELECT lo_switch, hi_switch, count(*), count(*) FILTER (WHERE reporting), count(*) FILTER (WHERE down),
@@ -349,7 +350,7 @@ def _json_value(v):
     return v if v is None or isinstance(v, int) else float(v)
 
 
-def _port_latest(cur, port_id: int, now: datetime) -> dict:
+def _port_latest(cur, port_id: int, state: health.Health) -> dict:
     spec = KINDS["port"]
     cur.execute(f"SELECT * FROM {spec.latest_table} WHERE port_id = %s", [port_id])
     row = cur.fetchone()
@@ -357,7 +358,7 @@ def _port_latest(cur, port_id: int, now: datetime) -> dict:
     when = values.get("time")
     return {
         "time": iso_utc(when) if when else None,
-        "stale": when is None or when < now - settings.STALE_AFTER,
+        "stale": not state.fresh,
         "fields": {
             f.name: {"value": _json_value(values.get(f.name)), "unit": f.unit, "kind": f.kind, "help": f.help}
             for f in spec.fields
@@ -389,8 +390,9 @@ def port_detail(port_id: int, *, now: datetime | None = None) -> dict | None:
     if port is None:
         return None
     peer = _peer(port)
+    state = health.port_health([port.id], now=now)[port.id]
     with connection.cursor() as cur:
-        latest = _port_latest(cur, port.id, now)
+        latest = _port_latest(cur, port.id, state)
         rates = _port_rates(cur, port.id, now)
     negotiated = None if latest["stale"] else latest["fields"]["link_speed_gbps"]["value"]
     speed_bps = (negotiated or port.speed_gbps or 0) * 1e9
@@ -401,5 +403,6 @@ def port_detail(port_id: int, *, now: datetime | None = None) -> dict | None:
     }
     return {
         "generated_at": iso_utc(now), "port": _port_info(port), "peer": _port_info(peer) if peer else None,
+        **health_fields(state),
         "latest": latest, "rates": rates, "utilization": util,
     }

@@ -18,97 +18,24 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from telemetry import health
 from telemetry.fields import KINDS
-from telemetry.models import Gpu, GpuEvent, HealthState, IngestBatch, Node, NodeState
-
-# XIDs whose documented recovery is a GPU reset, a node reboot or an RMA (NVIDIA "XID Errors"
-# catalogue): 48 DBE, 63/64 row-remap (page retirement) event/failure, 74 NVLink error,
-# 79 fallen off the bus, 94/95 contained/uncontained ECC, 119 GSP timeout. Other XIDs are
-# usually application faults and say nothing about the hardware.
-RESET_OR_RMA_XIDS: tuple[int, ...] = (48, 63, 64, 74, 79, 94, 95, 119)
-
-# clocks_event_reasons bits that mean the hardware is protecting itself, not that the GPU is
-# idle or capped by policy (nvml.h nvmlClocksEventReason*): HW slowdown, SW thermal, HW thermal
-# and HW power brake. Idle (0x1), app clocks (0x2) and SW power cap (0x4) are normal operation.
-HW_SLOWDOWN = 0x8
-SW_THERMAL_SLOWDOWN = 0x20
-HW_THERMAL_SLOWDOWN = 0x40
-HW_POWER_BRAKE_SLOWDOWN = 0x80
-DEGRADING_THROTTLE_MASK = (
-    HW_SLOWDOWN | SW_THERMAL_SLOWDOWN | HW_THERMAL_SLOWDOWN | HW_POWER_BRAKE_SLOWDOWN
-)
-
-# Temperatures (°C) at which a datacenter GPU is already slowing down or close to it.
-GPU_TEMP_DEGRADED_C = 87
-MEMORY_TEMP_DEGRADED_C = 95
+from telemetry.models import GpuEvent, IngestBatch
 
 INGEST_WINDOW = timedelta(seconds=60)
 
-# Health as small integers inside SQL (cheaper to compare and group than text), ordered so
-# that a node's health is the highest code among its GPUs: failed > degraded > stale > healthy,
-# and drained/unplaced, which every GPU of such a node inherits from the node itself.
-SEVERITY: tuple[HealthState, ...] = (
-    HealthState.HEALTHY, HealthState.STALE, HealthState.DEGRADED, HealthState.FAILED,
-    HealthState.DRAINED, HealthState.UNPLACED,
-)
-_CODE = {state.value: code for code, state in enumerate(SEVERITY)}
-
 _GPU_LATEST = KINDS["gpu"].latest_table
 
-# One statement, one pass over the inventory joined to the last-value table:
-# 1. `gpu`: each GPU's health code, first matching rule wins; a GPU with no last-value row
-#    (never reported) is stale because `l.time` is NULL. "Reporting" means a row newer than
-#    STALE_AFTER whatever the node's state: a drained GPU still draws power.
-# 2. `node`: the node's own state first, else its worst GPU; a node with no GPUs has nothing
-#    worse than healthy.
-# 3. Counts per code for both, and utilization/power over reporting GPUs. Power columns are
-#    4-byte reals; they are summed as float8 so 16k of them stay exact to the watt. The share
-#    of caps only counts GPUs that report both draw and limit, so one missing limit cannot
-#    push it past 100 %.
-_FLEET_SQL = f"""
-WITH gpu AS MATERIALIZED (
-    SELECT g.node_id,
-        CASE
-            WHEN n.rack_id IS NULL THEN {_CODE["unplaced"]}
-            WHEN n.state = ANY(%(drained_states)s) THEN {_CODE["drained"]}
-            WHEN l.time IS NULL OR l.time < %(stale_before)s THEN {_CODE["stale"]}
-            WHEN l.row_remap_failure = 1 OR l.ecc_dbe_vol > 0 OR l.xid = ANY(%(rma_xids)s)
-                THEN {_CODE["failed"]}
-            WHEN (l.throttle_reasons & %(throttle_mask)s) <> 0
-                OR l.gpu_temp >= %(gpu_temp)s OR l.memory_temp >= %(memory_temp)s
-                OR l.row_remap_pending = 1
-                THEN {_CODE["degraded"]}
-            ELSE {_CODE["healthy"]}
-        END AS code,
-        l.time >= %(stale_before)s AS reporting,
-        l.gpu_util, l.gr_engine_active, l.power_w::float8 AS power_w,
-        l.power_limit_w::float8 AS power_limit_w
-    FROM {Gpu._meta.db_table} g
-    JOIN {Node._meta.db_table} n ON n.id = g.node_id
-    LEFT JOIN {_GPU_LATEST} l ON l.gpu_id = g.id
-),
-node AS (
-    SELECT CASE
-        WHEN n.rack_id IS NULL THEN {_CODE["unplaced"]}
-        WHEN n.state = ANY(%(drained_states)s) THEN {_CODE["drained"]}
-        ELSE coalesce(max(gpu.code), {_CODE["healthy"]})
-    END AS code
-    FROM {Node._meta.db_table} n
-    LEFT JOIN gpu ON gpu.node_id = n.id
-    GROUP BY n.id
-)
-SELECT
-    (SELECT json_object_agg(code, n) FROM (SELECT code, count(*) n FROM gpu GROUP BY code) c),
-    (SELECT json_object_agg(code, n) FROM (SELECT code, count(*) n FROM node GROUP BY code) c),
-    count(*),
-    avg(gpu_util),
-    avg(gr_engine_active) * 100,
-    sum(power_w),
-    sum(power_limit_w),
-    sum(power_w) FILTER (WHERE power_limit_w > 0),
-    sum(power_limit_w) FILTER (WHERE power_w IS NOT NULL AND power_limit_w > 0)
-FROM gpu
-WHERE reporting
+# Utilization and power over the GPUs whose newest values are current (`telemetry.health`'s
+# freshness rule). Power columns are 4-byte reals; they are summed as float8 so 16k of them stay
+# exact to the watt. The share of caps only counts GPUs that report both draw and limit, so one
+# missing limit cannot push it past 100 %.
+_LOAD_SQL = f"""
+SELECT count(*), avg(gpu_util), avg(gr_engine_active) * 100, sum(power_w::float8), sum(power_limit_w::float8),
+       sum(power_w::float8) FILTER (WHERE power_limit_w > 0),
+       sum(power_limit_w::float8) FILTER (WHERE power_w IS NOT NULL AND power_limit_w > 0)
+FROM {_GPU_LATEST} l
+WHERE {health.FRESH_SQL}
 """
 
 _INGEST_SQL = f"""
@@ -130,7 +57,7 @@ def fleet_summary(now: datetime | None = None) -> dict:
     """
     now = now or timezone.now()
     with connection.cursor() as cursor:
-        fleet = _fleet_health_and_load(cursor, now - settings.STALE_AFTER)
+        fleet = _fleet_health_and_load(cursor, now)
         ingest = _ingest_rate(cursor, now)
         newest = _newest_sample(cursor, now)
         faults = _open_faults(cursor)
@@ -139,6 +66,7 @@ def fleet_summary(now: datetime | None = None) -> dict:
 
     facility = power_overview(now)
     fleet["power"]["pue"] = facility["pue"]
+    failed = fleet.pop("failed_gpu_ids")
     return {
         "generated_at": iso_utc(now),
         "stale_after_s": settings.STALE_AFTER.total_seconds(),
@@ -146,7 +74,7 @@ def fleet_summary(now: datetime | None = None) -> dict:
         "ingest": ingest,
         "newest_sample": newest,
         "faults": {**faults, "newest": gpu_events(limit=NEWEST_EVENTS)},
-        "anomalies": fleet_anomalies(limit=NEWEST_EVENTS),
+        "anomalies": fleet_anomalies(limit=NEWEST_EVENTS, failed_gpu_ids=failed),
     }
 
 
@@ -174,21 +102,16 @@ def _open_faults(cursor) -> dict:
     return {"open": total, "gpus": cursor.fetchone()[0], "by_severity": by_severity}
 
 
-def _fleet_health_and_load(cursor, stale_before: datetime) -> dict:
-    cursor.execute(_FLEET_SQL, {
-        "drained_states": [NodeState.DRAINED.value, NodeState.DOWN.value],
-        "stale_before": stale_before,
-        "rma_xids": list(RESET_OR_RMA_XIDS),
-        "throttle_mask": DEGRADING_THROTTLE_MASK,
-        "gpu_temp": GPU_TEMP_DEGRADED_C,
-        "memory_temp": MEMORY_TEMP_DEGRADED_C,
-    })
-    (gpu_codes, node_codes, reporting, util, busy,
-     draw_w, cap_w, capped_draw_w, capped_cap_w) = cursor.fetchone()
-    gpus = _by_health(gpu_codes)
+def _fleet_health_and_load(cursor, now: datetime) -> dict:
+    counts = health.fleet_counts(now=now)
+    cursor.execute(_LOAD_SQL, health.sql_params(now))
+    reporting, util, busy, draw_w, cap_w, capped_draw_w, capped_cap_w = cursor.fetchone()
+    gpus = health.states_display(counts["gpus"])
     return {
+        "failed_gpu_ids": counts["failed_gpu_ids"],
         "gpus": gpus,
-        "nodes": _by_health(node_codes),
+        "nodes": health.states_display(counts["nodes"]),
+        "racks": health.states_display(counts["racks"]),
         "utilization": {
             "reporting": reporting, "total": gpus["total"], "gpu_util_pct": util, "busy_pct": busy,
         },
@@ -198,20 +121,6 @@ def _fleet_health_and_load(cursor, stale_before: datetime) -> dict:
             "used_pct": 100 * capped_draw_w / capped_cap_w if capped_cap_w else None,
         },
     }
-
-
-def _by_health(code_counts: dict[str, int] | None) -> dict:
-    """Every health state in display order, with its label and colour, zeros included."""
-    counts = {SEVERITY[int(code)].value: n for code, n in (code_counts or {}).items()}
-    by_health = {
-        state.value: {
-            "label": state.label,
-            "colour": HealthState.colour(state.value),
-            "count": counts.get(state.value, 0),
-        }
-        for state in HealthState
-    }
-    return {"total": sum(counts.values()), "by_health": by_health}
 
 
 def _ingest_rate(cursor, now: datetime) -> dict:

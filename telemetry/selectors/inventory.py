@@ -14,21 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from django.conf import settings
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from telemetry import health as health_model
 from telemetry.fields import KINDS
-from telemetry.models import SAMPLE_MODELS, Allocation, Gpu, HealthState, Job, JobState, Node, NodeState, PowerDevice
-from telemetry.selectors.fleet import (
-    DEGRADING_THROTTLE_MASK,
-    GPU_TEMP_DEGRADED_C,
-    MEMORY_TEMP_DEGRADED_C,
-    RESET_OR_RMA_XIDS,
-    SEVERITY,
-)
+from telemetry.health import health_fields
+from telemetry.models import SAMPLE_MODELS, Allocation, Gpu, GpuEvent, Job, JobState, Node, PowerDevice
 
 GPU_LATEST = SAMPLE_MODELS["gpu"]["latest"]
 # The columns the health rule and the drill-down tiles need from the last-value table.
@@ -36,7 +30,6 @@ HEALTH_FIELDS = (
     "gpu_util", "gpu_temp", "memory_temp", "power_w", "power_limit_w", "ecc_dbe_vol", "xid",
     "throttle_reasons", "row_remap_failure", "row_remap_pending",
 )
-DRAINED_NODE_STATES = frozenset({NodeState.DRAINED.value, NodeState.DOWN.value})
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -60,38 +53,16 @@ def latest_gpu_rows(gpu_ids: Iterable[int], fields: Iterable[str] = HEALTH_FIELD
     return {r.pop("gpu_id"): r for r in rows}
 
 
-def gpu_health(rack_id: int | None, node_state: str, latest: dict | None, now: datetime) -> str:
-    """The fleet page's health rule (`fleet._FLEET_SQL`) for one GPU, first match wins."""
-    if rack_id is None:
-        return HealthState.UNPLACED.value
-    if node_state in DRAINED_NODE_STATES:
-        return HealthState.DRAINED.value
-    if latest is None or latest["time"] < now - settings.STALE_AFTER:
-        return HealthState.STALE.value
-    if (latest.get("row_remap_failure") == 1 or (latest.get("ecc_dbe_vol") or 0) > 0
-            or latest.get("xid") in RESET_OR_RMA_XIDS):
-        return HealthState.FAILED.value
-    if ((latest.get("throttle_reasons") or 0) & DEGRADING_THROTTLE_MASK
-            or (latest.get("gpu_temp") or 0) >= GPU_TEMP_DEGRADED_C
-            or (latest.get("memory_temp") or 0) >= MEMORY_TEMP_DEGRADED_C
-            or latest.get("row_remap_pending") == 1):
-        return HealthState.DEGRADED.value
-    return HealthState.HEALTHY.value
+def gpu_tile(latest: dict | None, h: health_model.Health) -> dict:
+    """Utilization, temperature, power and health of one GPU, as the drill-downs show them.
 
-
-def worst_health(states: Iterable[str]) -> str:
-    """A node's health from its GPUs': the most severe, healthy when it has none."""
-    order = {s.value: i for i, s in enumerate(SEVERITY)}
-    return max(states, key=order.__getitem__, default=HealthState.HEALTHY.value)
-
-
-def gpu_tile(latest: dict | None, health: str) -> dict:
-    """Utilization, temperature, power and health of one GPU, as the drill-downs show them."""
-    latest = latest or {}
+    Values older than the health model's freshness limit are not current, so a tile carries
+    none of them: the page shows the state and how old the newest sample is instead."""
+    latest = latest if latest and h.fresh else {}
     return {
         "gpu_util": latest.get("gpu_util"), "gpu_temp": latest.get("gpu_temp"),
         "power_w": latest.get("power_w"), "sample_time": iso(latest.get("time")),
-        "health": health, "health_colour": HealthState.colour(health),
+        **health_fields(h),
     }
 
 
@@ -180,7 +151,8 @@ def gpu_detail(uuid: str, *, now: datetime | None = None) -> dict | None:
     node = gpu.node
     fields = KINDS["gpu"].fields
     latest = latest_gpu_rows([gpu.id], [f.name for f in fields]).get(gpu.id)
-    health = gpu_health(node.rack_id, node.state, latest, now)
+    h = health_model.gpu_health([gpu.id], now=now)[gpu.id]
+    last_xid = _newer_xid_event(gpu.id, latest["time"] if latest else None)
     allocations = _current_allocations(Allocation.objects.filter(gpu=gpu, end__isnull=True))
     return {
         "id": gpu.id, "uuid": gpu.uuid, "index": gpu.index, "model": gpu.model, "serial": gpu.serial,
@@ -188,17 +160,34 @@ def gpu_detail(uuid: str, *, now: datetime | None = None) -> dict | None:
         "mig_instances": list(gpu.mig_instances.order_by("gi_id", "ci_id").values("id", "gi_id", "ci_id", "profile")),
         "node": {"id": node.id, "hostname": node.hostname, "state": node.state, "system_model": node.system_model},
         "location": location(node),
-        "health": health, "health_colour": HealthState.colour(health),
+        **health_fields(h),
         "allocation": allocations[0] if allocations else None,
         "allocations": allocations,
         "sample_time": iso(latest["time"]) if latest else None,
         "latest": [
-            {"name": f.name, "label": f.help, "unit": f.unit, "kind": f.kind,
-             "value": latest.get(f.name) if latest else None, "time": iso(latest["time"]) if latest else None}
+            {"name": f.name, "label": f.help, "unit": f.unit, "kind": f.kind, **_value(f.name, latest, last_xid)}
             for f in fields
         ],
         "fields": [{"name": f.name, "label": f.help, "unit": f.unit, "kind": f.kind} for f in fields],
     }
+
+
+def _newer_xid_event(gpu_id: int, sample_time: datetime | None) -> tuple[int, datetime] | None:
+    """(code, time) of the GPU's newest XID event when it is newer than its last sample.
+
+    dcgm-exporter's XID gauge is a last value and a GPU that fell off the bus never reports
+    again, so the event log (kmsg, NVML events) is the newer truth for "last XID"."""
+    ev = (GpuEvent.objects.filter(gpu_id=gpu_id, kind__in=("xid", "fallen_off_bus"))
+          .order_by("-last_seen").values_list("code", "kind", "last_seen").first())
+    if ev is None or (sample_time is not None and ev[2] <= sample_time):
+        return None
+    return (ev[0] or 79 if ev[1] == "fallen_off_bus" else ev[0]), ev[2]
+
+
+def _value(name: str, latest: dict | None, last_xid: tuple[int, datetime] | None) -> dict:
+    if name == "xid" and last_xid:
+        return {"value": last_xid[0], "time": iso(last_xid[1])}
+    return {"value": latest.get(name) if latest else None, "time": iso(latest["time"]) if latest else None}
 
 
 def _current_allocations(queryset) -> list[dict]:
@@ -223,28 +212,27 @@ def node_detail(hostname: str, *, now: datetime | None = None) -> dict | None:
         return None
     gpus = list(node.gpus.order_by("index", "id"))
     latest = latest_gpu_rows(g.id for g in gpus)
-    tiles = []
-    for g in gpus:
-        health = gpu_health(node.rack_id, node.state, latest.get(g.id), now)
-        tiles.append({"id": g.id, "uuid": g.uuid, "index": g.index, "model": g.model, "mig_mode": g.mig_mode,
-                      **gpu_tile(latest.get(g.id), health)})
-    if node.rack_id is None:
-        health = HealthState.UNPLACED.value
-    elif node.state in DRAINED_NODE_STATES:
-        health = HealthState.DRAINED.value
-    else:
-        health = worst_health(t["health"] for t in tiles)
+    healths = health_model.gpu_health([g.id for g in gpus], now=now)
+    tiles = [{"id": g.id, "uuid": g.uuid, "index": g.index, "model": g.model, "mig_mode": g.mig_mode,
+              **gpu_tile(latest.get(g.id), healths[g.id])} for g in gpus]
+    h = health_model.node_health([node.id], now=now)[node.id]
     # allocation_node_end_idx: WHERE node_id = %s AND end IS NULL.
     open_allocs = Allocation.objects.filter(node=node, end__isnull=True)
     return {
         "id": node.id, "hostname": node.hostname, "state": node.state, "system_model": node.system_model,
         "placed": node.placed, "location": location(node),
-        "health": health, "health_colour": HealthState.colour(health),
+        **health_fields(h),
         "gpus": tiles,
-        "ports": node_ports([node.id]).get(node.id, []),
+        "ports": _with_port_health(node_ports([node.id]).get(node.id, []), now),
         "power_devices": _power_devices(node),
         "jobs": _jobs_on(open_allocs),
     }
+
+
+def _with_port_health(ports: list[dict], now: datetime) -> list[dict]:
+    """Each HCA port with its state from the health model (its negotiated speed shows a slow link)."""
+    states = health_model.port_health([p["id"] for p in ports], now=now) if ports else {}
+    return [{**p, **health_fields(states[p["id"]])} for p in ports]
 
 
 def _power_devices(node: Node) -> list[dict]:

@@ -27,8 +27,9 @@ from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
+from telemetry import health as health_model
 from telemetry.models import Allocation, Job, JobState
-from telemetry.selectors.inventory import gpu_health, gpu_tile, iso, job_key, latest_gpu_rows, node_leaves
+from telemetry.selectors.inventory import gpu_tile, iso, job_key, latest_gpu_rows, node_leaves
 from telemetry.series import GAP_FACTOR
 
 ENDED_STATES = frozenset({
@@ -112,13 +113,36 @@ def job_list(*, state: str | None = None, account: str | None = None, user: str 
     accounts, partitions = _dropdowns()
     return {
         "total": sum(counts.get(s, 0) for s in states), "limit": limit, "offset": offset,
-        "jobs": [job_fields(j, now) for j in jobs],
+        "jobs": _with_gpu_health([job_fields(j, now) for j in jobs], now),
         "filters": {
             "states": [{"value": s.value, "label": s.label, "colour": JobState.colour(s.value),
                         "count": counts[s.value]} for s in JobState if counts.get(s.value)],
             "accounts": accounts, "partitions": partitions,
         },
     }
+
+
+def _with_gpu_health(rows: list[dict], now: datetime) -> list[dict]:
+    """Each running job's GPUs by the health model: the worst state and how many are not OK, so the
+    list says at once which jobs sit on failed or silent hardware."""
+    running = {r["id"]: r for r in rows if r["state"] == JobState.RUNNING}
+    held = list(Allocation.objects.filter(job_id__in=list(running), end__isnull=True, gpu__isnull=False)
+                .values_list("job_id", "gpu_id"))
+    states = health_model.gpu_health([g for _, g in held], now=now) if held else {}
+    per_job: dict[int, list[health_model.Health]] = {}
+    for job_id, gpu_id in held:
+        per_job.setdefault(job_id, []).append(states[gpu_id])
+    for row in rows:
+        hs = per_job.get(row["id"], [])
+        worst = min(hs, key=lambda h: health_model.RANK[h.state], default=None)
+        bad = sum(h.state != "ok" for h in hs)
+        row["gpu_health"] = None if worst is None else {
+            **health_model.health_fields(worst), "not_ok": bad, "gpus": len(hs),
+            # No ages here: the list is pushed as it changes, and a ticking age would change every row.
+            "health_detail": f"{bad} of {len(hs)} GPUs not OK: "
+                             f"{worst.detail if worst.reason != 'no_data' else health_model.REASONS['no_data']}"
+            if bad else ""}
+    return rows
 
 
 def _like_escape(text: str) -> str:
@@ -272,11 +296,11 @@ def _ranks(job: Job, now: datetime) -> list[dict]:
         by_node.setdefault(a.node_id, []).append(a)
     leaves = node_leaves(by_node)
     latest = latest_gpu_rows(a.gpu_id for a in allocs)
+    healths = health_model.gpu_health([a.gpu_id for a in allocs if a.gpu_id], now=now)
     out, rank = [], 0
     for node_allocs in by_node.values():
         for a in sorted(node_allocs, key=lambda a: (a.gpu_index, a.id)):
             node, rack = a.node, a.node.rack
-            health = gpu_health(node.rack_id, node.state, latest.get(a.gpu_id), now)
             node_leaf_list = leaves.get(node.id, [])
             out.append({
                 "rank": rank, "host": node.hostname, "node_id": node.id,
@@ -284,7 +308,7 @@ def _ranks(job: Job, now: datetime) -> list[dict]:
                 "rack": rack.name if rack else None, "row": rack.row.name if rack else None,
                 "nvlink_domain": node.nvlink_domain.name if node.nvlink_domain_id else None,
                 "leaf": node_leaf_list[0] if node_leaf_list else None, "leaves": node_leaf_list,
-                **gpu_tile(latest.get(a.gpu_id), health),
+                **gpu_tile(latest.get(a.gpu_id), healths.get(a.gpu_id, health_model.UNKNOWN)),
             })
             rank += 1
     return out
@@ -325,7 +349,7 @@ def _merge_steps(ranks: list[dict], medians: dict[int, tuple[float, int]], gang:
     for rank in sorted(set(medians) - known):
         ranks.append({"rank": rank, "host": None, "node_id": None, "gpu_uuid": None, "gpu_index": None,
                       "rack": None, "row": None, "nvlink_domain": None, "leaf": None, "leaves": [],
-                      **gpu_tile(None, "stale")})
+                      **gpu_tile(None, health_model.UNKNOWN)})
     reference = gang["median_step_time_s"]
     stragglers = set(gang["stragglers"])
     for r in ranks:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 
 from django.utils import timezone
 
+from telemetry import health
 from telemetry.fields import KINDS
 from telemetry.models import Gpu, Node, NvlinkDomain, Rack
 from telemetry.selectors.fabric import cursor_without_jit, rate_join, window_params
@@ -46,7 +47,7 @@ SELECT n.nvlink_domain_id, n.hostname, g.uuid, g.index,
 FROM {Gpu._meta.db_table} g
 JOIN {Node._meta.db_table} n ON n.id = g.node_id
 {rate_join("gpu", RATE_COUNTERS, "g.id", "r")}
-LEFT JOIN {_SPEC.latest_table} l ON l.gpu_id = g.id AND l.time >= %(fresh)s
+LEFT JOIN {_SPEC.latest_table} l ON l.gpu_id = g.id AND {health.FRESH_SQL}
 ORDER BY n.hostname, g.index, g.uuid
 """
 

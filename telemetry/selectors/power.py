@@ -9,9 +9,9 @@ A rack's draw comes from what feeds it, in this order, and every rack says which
 3. ``gpus``: the sum of its GPUs' newest `power_w`. This misses CPUs, fans and switches (an HGX
    node draws ~1.5 kW besides its GPUs), so it reads low; it is a fallback, not a meter.
 
-A reading counts only while it is fresh (`settings.STALE_AFTER`). PUE is facility power over
-IT power: each device that reports `facility_watts` (a cooling loop or a facility meter) covers
-the racks it is linked to, or the whole cluster when it is linked to none, and counts only when
+A reading counts only while it is fresh (`telemetry.health`: two of its intervals plus grace).
+PUE is facility power over IT power: each device that reports `facility_watts` (a cooling loop or a
+facility meter) covers the racks it is linked to, or the whole cluster when it is linked to none, and counts only when
 every rack it covers has a draw. Devices are assumed to cover disjoint racks.
 """
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from telemetry import health
 from telemetry.fields import KINDS
 from telemetry.models import Gpu, Hall, Node, PowerDevice, Rack, Row, Site
 from telemetry.rollups import INTERVALS, floor_bucket
@@ -51,7 +51,7 @@ WITH feed AS (
     SELECT f.rack_id, d.kind, l.watts::float8 / count(*) OVER (PARTITION BY d.id) AS watts
     FROM {_FEEDS} f
     JOIN {_DEVICE} d ON d.id = f.powerdevice_id AND d.kind IN ('{_PDU}', '{_SHELF}')
-    LEFT JOIN {_POWER.latest_table} l ON l.device_id = d.id AND l.time >= %(fresh)s
+    LEFT JOIN {_POWER.latest_table} l ON l.device_id = d.id AND {health.FRESH_SQL}
 ),
 by_rack AS (
     SELECT rack_id,
@@ -67,7 +67,7 @@ gpus AS (
     SELECT n.rack_id, count(*) AS gpus, count(l.power_w) AS reporting, sum(l.power_w::float8) AS watts
     FROM {Gpu._meta.db_table} g
     JOIN {Node._meta.db_table} n ON n.id = g.node_id AND n.rack_id IS NOT NULL
-    LEFT JOIN {KINDS["gpu"].latest_table} l ON l.gpu_id = g.id AND l.time >= %(fresh)s
+    LEFT JOIN {KINDS["gpu"].latest_table} l ON l.gpu_id = g.id AND {health.FRESH_SQL}
     GROUP BY n.rack_id
 )
 SELECT r.id, r.name, ro.name, h.name, s.name, r.power_cap_w,
@@ -90,7 +90,8 @@ _RACK_KEYS = ("id", "name", "row", "hall", "site", "cap_w", "pdus", "pdus_report
 # the racks they are linked to.
 _DEVICES_SQL = f"""
 SELECT d.id, d.name, d.kind, l.time, l.watts, l.coolant_supply_temp, l.coolant_return_temp, l.flow_lpm,
-    l.facility_watts::float8, array_remove(array_agg(f.rack_id ORDER BY f.rack_id), NULL)
+    l.facility_watts::float8, array_remove(array_agg(f.rack_id ORDER BY f.rack_id), NULL),
+    coalesce({health.FRESH_SQL}, false)
 FROM {_DEVICE} d
 LEFT JOIN {_POWER.latest_table} l ON l.device_id = d.id
 LEFT JOIN {_FEEDS} f ON f.powerdevice_id = d.id
@@ -100,7 +101,7 @@ ORDER BY d.name
 """
 
 _DEVICE_KEYS = ("id", "name", "kind", "time", "watts", "supply_c", "return_c", "flow_lpm", "facility_w",
-                "racks")
+                "racks", "fresh")
 
 
 def _pct(draw: float | None, cap: float | None) -> float | None:
@@ -144,8 +145,8 @@ def _totals(racks: list[dict], keys: tuple[str, ...]) -> list[dict]:
     return out
 
 
-def _loop(d: dict, names: dict[int, str], fresh: datetime) -> dict:
-    live = d["time"] is not None and d["time"] >= fresh
+def _loop(d: dict, names: dict[int, str]) -> dict:
+    live = d["fresh"]
 
     def value(key):
         return float(d[key]) if live and d[key] is not None else None
@@ -160,11 +161,11 @@ def _loop(d: dict, names: dict[int, str], fresh: datetime) -> dict:
     }
 
 
-def _pue(devices: list[dict], racks: list[dict], fresh: datetime) -> dict:
+def _pue(devices: list[dict], racks: list[dict]) -> dict:
     """Facility over IT power, over the devices whose covered racks all have a draw."""
     draw = {r["id"]: r["draw_w"] for r in racks}
     facility, covered, used = 0.0, set(), 0
-    reporting = [d for d in devices if d["facility_w"] is not None and d["time"] >= fresh]
+    reporting = [d for d in devices if d["facility_w"] is not None and d["fresh"]]
     for d in reporting:
         mine = set(d["racks"]) or set(draw)
         if mine and all(draw.get(r) is not None for r in mine):
@@ -188,11 +189,11 @@ def power_overview(now: datetime | None = None) -> dict:
     pump_w, facility_w}], "pue", "facility_w", "it_w", "pue_devices", "pue_devices_reporting"}``.
     """
     now = now or timezone.now()
-    fresh = now - settings.STALE_AFTER
+    params = health.sql_params(now)
     with connection.cursor() as cur:
-        cur.execute(_RACKS_SQL, {"fresh": fresh})
+        cur.execute(_RACKS_SQL, params)
         racks = [_rack(row) for row in cur.fetchall()]
-        cur.execute(_DEVICES_SQL)
+        cur.execute(_DEVICES_SQL, params)
         devices = [dict(zip(_DEVICE_KEYS, row, strict=True)) for row in cur.fetchall()]
     names = {r["id"]: r["name"] for r in racks}
     total = _totals(racks, ())
@@ -203,8 +204,8 @@ def power_overview(now: datetime | None = None) -> dict:
         "halls": _totals(racks, ("site", "hall")),
         "total": total[0] if total else {"racks": 0, "racks_reporting": 0, "draw_w": None, "cap_w": None,
                                           "pct_of_cap": None},
-        "cooling_loops": [_loop(d, names, fresh) for d in devices if d["kind"] == _LOOP],
-        **_pue(devices, racks, fresh),
+        "cooling_loops": [_loop(d, names) for d in devices if d["kind"] == _LOOP],
+        **_pue(devices, racks),
     }
 
 

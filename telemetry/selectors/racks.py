@@ -27,8 +27,9 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.utils import timezone
 
+from telemetry import health
 from telemetry.fields import KINDS
-from telemetry.models import Allocation, Gpu, GpuEvent, Job, Node, Rack
+from telemetry.models import Allocation, Gpu, GpuEvent, HealthState, Job, Node, Rack
 from telemetry.selectors.fleet import latest_values
 
 PANELS_PER_LINE = 4
@@ -59,7 +60,12 @@ THROTTLE_CATEGORIES: tuple[tuple[str, int], ...] = (
 )
 THROTTLE_LABELS = ("None", *[label for label, _ in THROTTLE_CATEGORIES])
 
+# The health metric's categories, in `telemetry.health.ORDER` (worst first) with their colours.
+HEALTH_LABELS = tuple(HealthState(s).label for s in health.ORDER)
+HEALTH_COLOURS = tuple(HealthState.colour(s) for s in health.ORDER)
+
 METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("health", "Health", "", "categorical", 0, len(HEALTH_LABELS) - 1),
     Metric("gpu_util", "GPU utilization", "%", "continuous", 0, 100),
     Metric("gpu_temp", "GPU temperature", "°C", "continuous", 20, 95),
     Metric("memory_temp", "Memory temperature", "°C", "continuous", 20, 105),
@@ -71,7 +77,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("anomaly_score", "Anomaly score", "", "continuous", 0, 1, slow=True),
     Metric("failure_risk", "Failure risk, next 24 h", "%", "continuous", 0, 100, slow=True),
 )}
-DEFAULT_METRIC = "gpu_util"
+DEFAULT_METRIC = "health"
 SLOW_REFRESH_S = 30.0
 _NOT_YET = {"anomaly_score": "No scores yet: anomaly scoring has not run on this cluster.",
             "failure_risk": "No risk scores yet: no failure model is active (manage.py train_models)."}
@@ -248,18 +254,33 @@ def heatmap_values(metric: str, *, now: datetime | None = None) -> dict:
     reader = _READERS[metric]
     values, note = reader(now or timezone.now())
     return {"metric": m.name, "label": m.label, "unit": m.unit, "scale": m.scale, "range": [m.lo, m.hi],
-            "categories": list(THROTTLE_LABELS) if metric == "throttle" else None,
+            "categories": list(HEALTH_LABELS) if metric == "health" else list(THROTTLE_LABELS) if metric == "throttle"
+            else None,
+            "colours": list(HEALTH_COLOURS) if metric == "health" else None,
+            "states": list(health.ORDER) if metric == "health" else None,
             "values": values, "note": note}
+
+
+def _current(now: datetime) -> set[int]:
+    """GPUs whose newest values are current: fresh and not failed (`telemetry.health`). A failed
+    or silent GPU shows "no data" on every value metric, never its last reading."""
+    return {gpu_id for gpu_id, _, _, state, fresh in health.gpu_states(now=now) if fresh and state != "failed"}
 
 
 def _latest(field: str, convert=None):
     def read(now: datetime):
+        current = _current(now)
         out = {}
         for gpu_id, _, value in latest_values("gpu", [field]):
-            if value is not None:
+            if value is not None and gpu_id in current:
                 out[gpu_id] = convert(value) if convert else round(float(value), 2)
         return out, None
     return read
+
+
+def _health(now: datetime):
+    index = {s: i for i, s in enumerate(health.ORDER)}
+    return {gpu_id: index[state] for gpu_id, _, _, state, _ in health.gpu_states(now=now)}, None
 
 
 def _throttle_category(mask: int) -> int:
@@ -291,11 +312,16 @@ def _scores(column: str, scale: float):
 
         if not has_scores(column):
             return {}, _NOT_YET[column]
-        return {g: round(v * scale, 3) for g, v in gpu_scores(column).items()}, None
+        out = {g: round(v * scale, 3) for g, v in gpu_scores(column).items()}
+        if column == "failure_risk":
+            # A failed GPU's risk is not a forecast: it has failed.
+            out.update({g: 100.0 for g, _, _, state, _ in health.gpu_states(now=now) if state == "failed"})
+        return out, None
     return read
 
 
 _READERS = {
+    "health": _health,
     "gpu_util": _latest("gpu_util"),
     "gpu_temp": _latest("gpu_temp"),
     "memory_temp": _latest("memory_temp"),

@@ -24,6 +24,7 @@ get no random faults, so the scripted story is the only one their telemetry tell
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -280,15 +281,23 @@ class Cluster:
         host = self.layout.nodes[i].hostname
         if i in self.down_until:
             return f"{host} is already rebooting"
-        job = self.scheduler.node_job[i]
-        if job is not None:
-            self.scheduler.finish(job, t, f"lost node {host}", "NODE_FAIL")
         down = self.rng.uniform(*REBOOT_DOWN_S) if down_s is None else down_s
-        self.down_until[i] = t + down
-        self.scheduler.unavailable.add(i)
-        self.fabric.node_down(i)
+        self.lose_node(i, t, t + down)
         self._rebooted.append(host)
         return f"{host} rebooting ({why}), down for {down:.0f} s"
+
+    def lose_node(self, i: int, t: float, until: float = math.inf) -> str | None:
+        """Node `i` stops at `t` until `until` (for good by default): its agent, GPUs and HCA ports
+        report nothing, its leaf ports see the links drop, and the scheduler marks it down, so its
+        job ends NODE_FAIL as Slurm ends it. Returns the job's end line, if a job was running."""
+        job = self.scheduler.node_job[i]
+        ended = None
+        if job is not None:
+            ended = self.scheduler.finish(job, t, f"lost node {self.layout.nodes[i].hostname}", "NODE_FAIL")
+        self.down_until[i] = until
+        self.scheduler.unavailable.add(i)
+        self.fabric.node_down(i)
+        return ended
 
     def _boot(self, i: int) -> None:
         del self.down_until[i]

@@ -26,6 +26,7 @@ PORT_COUNTERS = (
     "local_link_integrity_errors", "buffer_overrun_errors",
 )
 XMIT, RCV, XPKT, RPKT, WAIT, SYMBOL, DOWNED, RECOVERY, RCV_ERR = range(9)
+INTEGRITY = PORT_COUNTERS.index("local_link_integrity_errors")
 LINE_BPS = PORT_SPEED_GBPS * 1e9 / 8
 AVG_PACKET_B = 2800  # 4 KiB MTU data packets mixed with small acks
 WAIT_PER_S = 4e4  # PortXmitWait ticks per second on a healthy, fully loaded port
@@ -38,7 +39,7 @@ class SimPort:
     """One port's counters and this tick's rates (bytes per second each way)."""
 
     __slots__ = ("key", "owner", "name", "rack", "peer", "node", "c", "tx", "rx", "bias", "hot",
-                 "marginal", "state", "silent")
+                 "marginal", "state", "silent", "speed_gbps")
 
     def __init__(self, key: str, owner: str, name: str, rack: int, bias: float,
                  counters: list[int]):
@@ -52,10 +53,11 @@ class SimPort:
         self.marginal = False
         self.state = STATE_ACTIVE
         self.silent = False  # a host port whose node is down: nobody runs perfquery on it
+        self.speed_gbps = PORT_SPEED_GBPS  # what the link negotiated; a degraded link trains lower
 
     def record(self) -> dict:
         fields = dict(zip(PORT_COUNTERS, self.c, strict=True))
-        fields["link_speed_gbps"] = PORT_SPEED_GBPS
+        fields["link_speed_gbps"] = self.speed_gbps
         fields["link_state"] = self.state
         return {self.key: self.owner, "port": self.name, "fields": fields}
 
@@ -199,6 +201,7 @@ def _advance(p: SimPort, dt: float) -> None:
     c[RCV] += int(got)
     c[XPKT] += int(sent / AVG_PACKET_B)
     c[RPKT] += int(got / AVG_PACKET_B)
-    u = p.tx / LINE_BPS
+    # A link that trained at a lower rate fills, and so waits, sooner for the same traffic.
+    u = p.tx / (LINE_BPS * p.speed_gbps / PORT_SPEED_GBPS)
     if u > 0.2:
         c[WAIT] += int(dt * WAIT_PER_S * u * u * p.hot)

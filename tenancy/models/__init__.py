@@ -7,6 +7,7 @@ from tenancy.models.tenants import (
     AccountKind,
     ApiToken,
     BillingMode,
+    LostHoursPolicy,
     Membership,
     Role,
     Tenant,
@@ -15,7 +16,7 @@ from tenancy.models.tenants import (
 )
 
 __all__ = [
-    "AccountKind", "ApiToken", "BillingMode", "Invoice", "InvoiceLine", "InvoiceState", "LineKind", "Membership",
-    "MeteringWatermark", "Quota", "RateCard", "RatePrice", "Role", "Tenant", "TenantAccount", "TenantKind",
-    "UsageHour",
+    "AccountKind", "ApiToken", "BillingMode", "Invoice", "InvoiceLine", "InvoiceState", "LineKind",
+    "LostHoursPolicy", "Membership", "MeteringWatermark", "Quota", "RateCard", "RatePrice", "Role", "Tenant",
+    "TenantAccount", "TenantKind", "UsageHour",
 ]

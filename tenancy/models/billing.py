@@ -108,6 +108,7 @@ class LineKind(models.TextChoices):
     IDLE_HELD = "idle_held", "Idle-held GPU time"
     ENERGY = "energy", "Energy"
     DISCOUNT = "discount", "Preemptible discount"
+    FAILED = "failed", "GPU failure"
     CREDIT = "credit", "Credit (correction)"
     DEBIT = "debit", "Debit (correction)"
 

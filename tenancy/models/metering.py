@@ -27,7 +27,12 @@ class UsageHour(models.Model):
     gpu_hours = models.DecimalField(**HOURS, default=0, help_text="Allocated, weighted by MIG share or fraction")
     busy_hours = models.DecimalField(**HOURS, default=0)
     idle_held_hours = models.DecimalField(**HOURS, default=0, help_text="Allocated while GR activity < threshold")
+    # db_default too: the bulk writers (COPY, INSERT ... SELECT) name only the columns they fill.
+    unmeasured_hours = models.DecimalField(**HOURS, default=0, db_default=0,
+                                           help_text="Allocated minutes with no activity reading: never busy")
     lost_hours = models.DecimalField(**HOURS, default=0, help_text="Work of runs that were preempted or lost")
+    failed_hours = models.DecimalField(**HOURS, default=0, db_default=0,
+                                       help_text="Part of lost_hours: after a fault failed the job's GPU")
     energy_gpu_kwh = models.DecimalField(**HOURS, default=0, help_text="From the GPUs' own energy counters")
     energy_node_kwh = models.DecimalField(**HOURS, default=0, help_text="The job's share of node overhead")
     energy_facility_kwh = models.DecimalField(**HOURS, default=0, help_text="(PUE - 1) x IT energy")

@@ -27,6 +27,13 @@ class BillingMode(models.TextChoices):
     SHOWBACK = "showback", "Showback"
 
 
+class LostHoursPolicy(models.TextChoices):
+    """What a tenant pays for GPU-hours after a hardware fault failed its job's GPU (UsageHour.failed_hours)."""
+
+    CREDIT = "credit", "Credit: not charged"
+    CHARGE = "charge", "Charge as GPU time"
+
+
 class Tenant(models.Model):
     """A customer of the cluster: an organisation, or a team or project inside one."""
 
@@ -38,6 +45,9 @@ class Tenant(models.Model):
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
     billing_mode = models.CharField(max_length=8, choices=BillingMode.choices, default=BillingMode.INVOICE)
     currency = models.CharField(max_length=3, default="USD")
+    lost_hours_policy = models.CharField(max_length=6, choices=LostHoursPolicy.choices,
+                                         default=LostHoursPolicy.CREDIT, db_default=LostHoursPolicy.CREDIT,
+                                         help_text="GPU-hours after a fault failed the job's GPU: credit or charge")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -94,6 +94,7 @@ def test_operator_creates_a_rule_acks_its_alert_and_approves_a_drain(asgi_server
     page.click('.bw-nav a[href="/remediation/"]')
     page.wait_for_url(f"{url}/remediation/")
     page.locator(f'#bw-awaiting tr[data-id="{drain.pk}"] button.bw-approve').click()
+    page.locator("#bw-confirm-dialog button.bw-confirm").click()  # the impact preview's confirmation
     page.wait_for_selector(f"#bw-messages >> text=Action {drain.pk} approved.")
     drain.refresh_from_db()
     assert drain.state == ActionState.APPROVED and drain.decided_by.username == "op"

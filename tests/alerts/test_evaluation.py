@@ -322,3 +322,25 @@ def test_xid79_posted_to_ingest_fires_alert_within_seconds(client, celery_worker
     assert alert is not None, "no alert within 10 s of the ingest commit"
     assert (alert.entity_key, alert.labels["node"], alert.labels["xid"]) == ("GPU-E2E", "node-e2e", "79")
     assert latency < 5
+
+
+def test_node_down_and_gpu_no_data_follow_the_health_model(rack, settings):
+    """Without a threshold the health model decides: two 10-s intervals plus 5 s of grace."""
+    settings.STALE_GRACE = timedelta(seconds=5)
+    node_rule = rule("NodeDown", kind=RuleKind.NODE_DOWN, entity="node", severity="critical",
+                     summary="Node {entity}: {detail}")
+    gpu_rule = rule("GpuNoData", kind=RuleKind.NODE_DOWN, entity="gpu", severity="warning")
+    for t in (T0 - timedelta(seconds=10), T0):
+        ingest(t, [gpu("GPU-1", gpu_temp=50.0), gpu("GPU-2", index=1, gpu_temp=50.0),
+                   gpu("GPU-3", host="node-b", gpu_temp=50.0)])
+    # GPU-2 goes silent; node-b as a whole goes silent; GPU-1 keeps reporting.
+    for t in (T0 + timedelta(seconds=10), T0 + timedelta(seconds=20), T0 + timedelta(seconds=30)):
+        ingest(t, [gpu("GPU-1", gpu_temp=50.0)])
+    run_evaluation(T0 + timedelta(seconds=24))
+    assert open_alerts(node_rule) == [] and open_alerts(gpu_rule) == []  # 24 s ≤ 25 s
+
+    run_evaluation(T0 + timedelta(seconds=30))
+    [node_alert] = open_alerts(node_rule)
+    [gpu_alert] = open_alerts(gpu_rule)
+    assert node_alert.entity_key == "node-b" and node_alert.annotations["summary"] == "Node node-b: no data for 30 s"
+    assert gpu_alert.labels["node"] == "node-a" and gpu_alert.value == 30.0

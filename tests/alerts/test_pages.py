@@ -460,15 +460,22 @@ def test_reject_needs_a_reason_and_is_audited(operator, data):
     action.refresh_from_db()
     assert action.state == ActionState.REJECTED and action.decided_by.username == "oper"
     assert AuditEntry.objects.filter(object_id=str(action.pk), reason="node is fine").exists()
-    operator.post(f"/remediation/{action.pk}/approve/")  # too late: the refusal is shown, not a 500
+    operator.post(f"/remediation/{action.pk}/approve/", {"confirm": confirm(action)})  # too late: refused, no 500
     assert "can no longer be approved" in html(operator.get("/remediation/"))
     assert RemediationAction.objects.get(pk=action.pk).state == ActionState.REJECTED
+
+
+def confirm(action: RemediationAction) -> str:
+    """The confirm token of the action's impact preview, as its confirm page carries it."""
+    from alerts.remediation.impact import action_impact, confirm_token
+
+    return confirm_token(action_impact(RemediationAction.objects.get(pk=action.pk), now=NOW))
 
 
 def test_approve_moves_an_awaiting_action_on(operator, data, settings):
     settings.REMEDIATION_BACKEND = "simulator"
     action = data["awaiting"]
-    assert operator.post(f"/remediation/{action.pk}/approve/").status_code == 302
+    assert operator.post(f"/remediation/{action.pk}/approve/", {"confirm": confirm(action)}).status_code == 302
     action.refresh_from_db()
     assert action.state not in (ActionState.AWAITING, ActionState.REJECTED)
     assert action.decided_by.username == "oper"
@@ -500,7 +507,7 @@ def test_audit_page_is_searchable(operator, data):
 
 def test_audit_page_offers_no_edit_or_delete_and_refuses_post(operator, data):
     content = html(operator.get("/audit/"))
-    main = content.split('<main class="bw-main">', 1)[1]
+    main = content.split('<main class="bw-main"', 1)[1]
     assert 'method="post"' not in main.lower()
     assert re.findall(r"<button[^>]*>([^<]*)</button>", main) == ["Search"]  # the search form's, and no other
     links = re.findall(r'<a [^>]*href="([^"]*)"[^>]*>([^<]*)</a>', main)

@@ -51,7 +51,7 @@ def test_anomalies_page_draws_rows_and_chart_and_shows_a_new_event_live(asgi_ser
     page.wait_for_function("() => window.BW.anomaliesStats.applied >= 1", timeout=10_000)
     assert page.locator("#bw-anom-table tbody tr").count() == 2
     assert page.locator(".bw-anom-chip[data-level=high]").first.inner_text() == (
-        "memory temperature 84.5 (expected 71) +6.2σ vs peers in node")
+        "memory temperature 84.5 °C vs median of peers in node 71 °C (+6.2σ)")
     assert page.locator("#bw-anom-chart .bars .point").count() == len(AnomalyKind.values)
 
     new = anomaly(AnomalyKind.COHORT, "gpu", "GPU-b", "gpu-0003", FIXED_NOW - 0.1 * H, score=0.8,
@@ -59,6 +59,9 @@ def test_anomalies_page_draws_rows_and_chart_and_shows_a_new_event_live(asgi_ser
     _tick()
     page.wait_for_selector(f'#bw-anom-table tbody tr[data-id="{new.pk}"]', timeout=10_000)
     assert page.locator("#bw-anom-table tbody tr").first.get_attribute("data-id") == str(new.pk)
+    # Redrawn by anomalies.js from the pushed row: the same name the server gives, its UUID only in the title.
+    entity = page.locator(f'#bw-anom-table tbody tr[data-id="{new.pk}"] .bw-anom-entity')
+    assert entity.locator("a").inner_text() == "GPU GPU-b… of gpu-0003" and entity.get_attribute("title") == "GPU-b"
     assert page.locator("#bw-anom-open-total").inner_text() == "3"
     assert page.locator("#bw-conn").get_attribute("data-state") == "live"
     save_screenshot(page, "anomalies-live", full_page=True)

@@ -15,7 +15,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from anomaly.models import Anomaly, AnomalyKind, EntityScore
 from dashboard.pages import anomalies as page
-from telemetry.models import Job, JobState
+from telemetry.models import Gpu, Job, JobState, Port
 from tests.conftest import FIXED_NOW
 from tests.dashboard.conftest import ws_communicator
 from tests.dashboard.test_drilldown_pages import GPU_0, GPU_2, _hca, cluster  # noqa: F401  (fixture)
@@ -23,7 +23,7 @@ from tests.dashboard.test_drilldown_pages import GPU_0, GPU_2, _hca, cluster  # 
 NOW = FIXED_NOW
 H = timedelta(hours=1)
 TICK = {"type": "telemetry.tick", "at": "x"}
-TEMP = {"field": "mem_temp", "label": "memory temperature", "value": 84.5, "expected": 71.0, "deviation": 6.2,
+TEMP = {"field": "memory_temp", "label": "memory temperature", "value": 84.5, "expected": 71.0, "deviation": 6.2,
         "basis": "peers in node"}
 POWER = {"field": "power_w", "label": "power", "value": 512.0, "expected": 480.0, "deviation": 3.1,
          "basis": "peers in node"}
@@ -115,12 +115,14 @@ def test_anomalies_page_explains_each_row_and_charts_open_kinds(operator, events
     html = response.content.decode()
     chips = re.findall(r'<span class="bw-anom-chip" data-level="(\w+)" style="--dev: (#\w+)">([^<]*)</span>', html)
     assert chips == [
-        ("high", "#d55e00", "memory temperature 84.5 (expected 71) +6.2σ vs peers in node"),
-        ("medium", "#e69f00", "power 512 (expected 480) +3.1σ vs peers in node"),
-        ("high", "#d55e00", "step time 1.6 (expected 1) +8.4σ vs gang median"),
+        ("high", "#d55e00", "memory temperature 84.5 °C vs median of peers in node 71 °C (+6.2σ)"),
+        ("medium", "#e69f00", "power 512 W vs median of peers in node 480 W (+3.1σ)"),
+        ("high", "#d55e00", "step time 1.6 s vs gang median 1 s (+8.4σ)"),
     ]
-    for part in ("memory temperature +6.2σ vs peers in node", f'href="/gpus/{GPU_2}/"', 'href="/jobs/slurm:100/"',
-                 "slurm:100 rank 5", 'href="/nodes/gpu-0001/"', "23.0%", "0.91", "Against the GPUs in its node"):
+    summary = "memory temperature 84.5 °C vs median of peers in node 71 °C (+6.2σ)"
+    for part in (f'<div class="bw-anom-summary">{summary}</div>',
+                 f'href="/gpus/{GPU_2}/"', 'href="/jobs/slurm:100/"', "rank 5 of slurm:100", 'href="/nodes/gpu-0001/"',
+                 "23.0%", "0.91", "Against the GPUs in its node"):
         assert part in html, part
     figure = json.loads(re.search(r'id="bw-anom-figure" type="application/json">(.*?)</script>', html, re.S)[1])
     bars = dict(zip(figure["data"][0]["y"], figure["data"][0]["x"], strict=True))
@@ -128,6 +130,38 @@ def test_anomalies_page_explains_each_row_and_charts_open_kinds(operator, events
                     for kind, label in AnomalyKind.choices}
     assert response.context["open_total"] == 3
     assert '<p class="bw-small" id="bw-anom-scored">Anomaly scoring has not run yet.</p>' in html
+
+
+def visible_text(html: str) -> str:
+    """What a reader sees: tags (and with them hrefs, titles and data attributes) stripped."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("cluster")
+def test_anomaly_rows_name_host_gpu_index_and_units_never_raw_ids(operator):
+    leaf_port = Port.objects.get(switch__name="leaf-01", name="p1")
+    wait = {"field": "xmit_wait", "label": "PortXmitWait", "value": 9.0e7, "expected": 1.2e6, "deviation": 41.0,
+            "basis": "leaf uplinks"}
+    gpu = anomaly(AnomalyKind.PEER_NODE, "gpu", GPU_2, "gpu-0001", NOW - H, summary="memory temperature +6.2σ vs "
+                  "peers in node; power +3.1σ vs peers in node", contributions=[TEMP, POWER])
+    port = anomaly(AnomalyKind.PEER_LEAF, "port", str(leaf_port.pk), "leaf-01:p1", NOW - 2 * H,
+                   summary="PortXmitWait +41.0σ vs leaf uplinks", contributions=[wait])
+    html = operator.get("/anomalies/").content.decode()
+    rows = dict(re.findall(r'<tr class="bw-anom-row" data-id="(\d+)".*?>(.*?)</tr>', html, re.S))
+    gpu_text, port_text = visible_text(rows[str(gpu.pk)]), visible_text(rows[str(port.pk)])
+    assert "GPU 2 of gpu-0001" in gpu_text and " gpu-0001 " in gpu_text  # the GPU by index, and its host
+    assert "84.5 °C vs median of peers in node 71 °C" in gpu_text and "512 W" in gpu_text
+    assert "gpu-0001 mlx5_0/1 ↔ leaf-01 p1" in port_text
+    assert "PortXmitWait 1,500,000 ticks/s vs median of leaf uplinks 20,000 ticks/s (+41.0σ)" in port_text
+    gpu_pk = Gpu.objects.get(uuid=GPU_2).pk
+    assert GPU_2 not in gpu_text and not re.search(rf"(?<![\w.,-]){gpu_pk}(?![\w.,])", gpu_text)
+    assert not re.search(rf"(?<![\w.,-]){leaf_port.pk}(?![\w.,])", port_text), port_text
+    # The live push carries the same words the page rendered.
+    pushed = {r["id"]: r for r in page.page_data(page.parse_filters({}))["rows"]}
+    assert pushed[gpu.pk]["entity_text"] == "GPU 2 of gpu-0001" and pushed[port.pk]["host"] == "gpu-0001"
+    assert [c["text"] for c in pushed[port.pk]["chips"]] == [
+        "PortXmitWait 1,500,000 ticks/s vs median of leaf uplinks 20,000 ticks/s (+41.0σ)"]
 
 
 # --- the drill-down sections -------------------------------------------------------------------------
@@ -141,7 +175,7 @@ def test_gpu_page_shows_its_risk_and_anomaly_explanation(operator, events):
     section = html[html.index('id="bw-anomalies"'):]
     assert "23.4% (failure model v3, scored 2026-11-30 11:00:00 UTC)" in section
     assert "0.91 (scored 2026-11-30 11:55:00 UTC)" in section
-    assert "memory temperature 84.5 (expected 71) +6.2σ vs peers in node" in section
+    assert "memory temperature 84.5 °C vs median of peers in node 71 °C (+6.2σ)" in section
     # Its two events, open ones first and newest first; not the other GPU's.
     assert re.findall(r'data-id="(\d+)"', section) == [str(i) for i in ids(events, "risk", "gpu")]
     other = operator.get(f"/gpus/{GPU_0}/").content.decode()
@@ -158,6 +192,7 @@ def test_node_and_port_pages_show_their_events(operator, events):
     section = node[node.index('id="bw-anomalies"'):]
     assert f'<dt><a href="/gpus/{GPU_2}/">GPU 2</a></dt><dd>50.0% (failure model v2' in section
     assert re.findall(r'data-id="(\d+)"', section) == [str(i) for i in ids(events, "risk", "gpu", "port", "old")]
+    assert ">gpu-0001 mlx5_0/1 ↔ leaf-01 p1</a>" in section and ">GPU 2 of gpu-0001</a>" in section
     port_html = operator.get(f"/ports/{port.id}/").content.decode()
     assert "symbol errors +5.0σ vs links on its leaf" in port_html and "<dd>none now</dd>" in port_html
 
@@ -170,7 +205,8 @@ def test_job_page_shows_a_straggling_ranks_event(operator, events):
     html = operator.get("/jobs/slurm:100/").content.decode()
     section = html[html.index('id="bw-anomalies"'):]
     assert "<dt>Straggling now</dt><dd>rank 5</dd>" in section
-    assert "step time +8.4σ vs gang median (1.60× over 8 ranks)" in section and "slurm:100 rank 5" in section
+    assert "step time 1.6 s vs gang median 1 s (+8.4σ) (1.60× over 8 ranks)" in section
+    assert "rank 5 of llm-pretrain (slurm:100)" in section
     assert re.findall(r'data-id="(\d+)"', section) == [str(i) for i in ids(events, "rank", "div")]
 
 

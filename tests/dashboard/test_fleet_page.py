@@ -103,33 +103,32 @@ def _on(**node_kwargs):
 @pytest.mark.parametrize(
     ("node", "latest", "expected"),
     [
-        pytest.param(None, HEALTHY, "healthy", id="healthy"),
-        pytest.param(_on(placed=False), HEALTHY, "unplaced", id="unplaced"),
-        pytest.param(_on(placed=False, state=NodeState.DRAINED), HEALTHY, "unplaced",
-                     id="unplaced-beats-drained"),
+        pytest.param(None, HEALTHY, "ok", id="ok"),
+        pytest.param(_on(placed=False), HEALTHY, "ok", id="unplaced-is-placement-not-health"),
+        pytest.param(_on(placed=False, state=NodeState.DRAINED), HEALTHY, "drained",
+                     id="unplaced-drained"),
         pytest.param(_on(state=NodeState.DRAINED), HEALTHY, "drained", id="drained"),
-        pytest.param(_on(state=NodeState.DOWN), HEALTHY, "drained", id="down-is-drained"),
-        pytest.param(_on(state=NodeState.DRAINED), {**HEALTHY, "ecc_dbe_vol": 3}, "drained",
-                     id="drained-beats-failed"),
+        pytest.param(_on(state=NodeState.DOWN), HEALTHY, "failed", id="node-down-is-failed"),
+        pytest.param(_on(state=NodeState.DRAINED), {**HEALTHY, "ecc_dbe_vol": 3}, "failed",
+                     id="failed-beats-drained"),
         pytest.param(None, None, "stale", id="never-reported"),
         pytest.param(None, {**HEALTHY, "time": FIXED_NOW - STALE_AFTER - timedelta(seconds=1)},
                      "stale", id="stale"),
-        pytest.param(None, {**HEALTHY, "time": FIXED_NOW - STALE_AFTER}, "healthy",
+        pytest.param(None, {**HEALTHY, "time": FIXED_NOW - STALE_AFTER}, "ok",
                      id="exactly-stale-after-still-reporting"),
         pytest.param(None, {**HEALTHY, "ecc_dbe_vol": 1, "time": FIXED_NOW - timedelta(hours=1)},
-                     "stale", id="stale-beats-failed"),
+                     "failed", id="failed-stays-failed-when-silent"),
         pytest.param(None, {**HEALTHY, "ecc_dbe_vol": 1}, "failed", id="failed-dbe"),
-        pytest.param(None, {**HEALTHY, "xid": 79}, "failed", id="failed-xid-79"),
+        pytest.param(None, {**HEALTHY, "xid": 79}, "ok", id="xid-gauge-alone-is-no-event"),
         pytest.param(None, {**HEALTHY, "row_remap_failure": 1}, "failed", id="failed-row-remap"),
-        pytest.param(None, {**HEALTHY, "xid": 13}, "healthy", id="app-xid-13-healthy"),
-        pytest.param(None, {**HEALTHY, "xid": 79, "throttle_reasons": 0x40}, "failed",
+        pytest.param(None, {**HEALTHY, "ecc_dbe_vol": 2, "throttle_reasons": 0x40}, "failed",
                      id="failed-beats-degraded"),
         pytest.param(None, {**HEALTHY, "throttle_reasons": 0x40}, "degraded",
                      id="degraded-hw-thermal"),
         pytest.param(None, {**HEALTHY, "throttle_reasons": 0x80 | 0x1}, "degraded",
                      id="degraded-power-brake"),
-        pytest.param(None, {**HEALTHY, "throttle_reasons": 0x1 | 0x4}, "healthy",
-                     id="idle-and-sw-power-cap-healthy"),
+        pytest.param(None, {**HEALTHY, "throttle_reasons": 0x1 | 0x4}, "ok",
+                     id="idle-and-sw-power-cap-ok"),
         pytest.param(None, {**HEALTHY, "gpu_temp": 87.0}, "degraded", id="degraded-gpu-temp"),
         pytest.param(None, {**HEALTHY, "memory_temp": 95.0}, "degraded", id="degraded-hbm-temp"),
         pytest.param(None, {**HEALTHY, "row_remap_pending": 1}, "degraded",
@@ -150,12 +149,12 @@ def test_node_health_is_its_worst_gpu_or_its_own_state():
     degraded = make_node()
     make_gpu(degraded, **HEALTHY)
     make_gpu(degraded, **{**HEALTHY, "gpu_temp": 90.0})
-    make_gpu(degraded)  # never reported: stale ranks below degraded
+    make_gpu(degraded)  # never reported: no data outranks degraded (part of the node is unseen)
     stale = make_node()
     make_gpu(stale, **HEALTHY)
     make_gpu(stale)
     failed = make_node()
-    make_gpu(failed, **{**HEALTHY, "xid": 48})
+    make_gpu(failed, **{**HEALTHY, "ecc_dbe_vol": 4})
     make_gpu(failed, **{**HEALTHY, "throttle_reasons": 0x8})
     make_gpu(make_node(), **HEALTHY)
     make_node()  # active, placed, no GPUs
@@ -164,11 +163,10 @@ def test_node_health_is_its_worst_gpu_or_its_own_state():
 
     summary = fleet_summary(now=FIXED_NOW)
 
-    assert counts(summary, "nodes") == {
-        "healthy": 2, "degraded": 1, "stale": 1, "failed": 1, "unplaced": 1, "drained": 1,
-    }
+    # The down node is failed; the unplaced one has no GPUs, so nothing worse than ok.
+    assert counts(summary, "nodes") == {"ok": 3, "stale": 2, "failed": 2}
     assert summary["nodes"]["total"] == 7
-    assert counts(summary) == {"healthy": 3, "degraded": 2, "stale": 2, "failed": 1, "drained": 1}
+    assert counts(summary) == {"ok": 3, "degraded": 2, "stale": 2, "failed": 2}
 
 
 @pytest.mark.django_db
@@ -276,7 +274,7 @@ def test_fleet_page_redirects_anonymous_visitors_to_login(client):
 
 @pytest.mark.django_db
 def test_fleet_page_renders_the_numbers_server_side(client, operator, fixed_selector_now):
-    make_gpu(gpu_util=40.0, gr_engine_active=0.5, power_w=1200.0, power_limit_w=1500.0, xid=79)
+    make_gpu(gpu_util=40.0, gr_engine_active=0.5, power_w=1200.0, power_limit_w=1500.0, ecc_dbe_vol=1)
     make_gpu(gpu_util=50.0, gr_engine_active=0.3, power_w=150.0, power_limit_w=500.0)
     make_gpu(make_node(placed=False), **HEALTHY)
     write_batch(FIXED_NOW - timedelta(seconds=3), samples=61_440, rejected=4)
@@ -285,8 +283,7 @@ def test_fleet_page_renders_the_numbers_server_side(client, operator, fixed_sele
     html = client.get(reverse("fleet")).content.decode()
 
     assert 'id="gpus-failed">1<' in html
-    assert 'id="gpus-healthy">1<' in html
-    assert 'id="gpus-unplaced">1<' in html
+    assert 'id="gpus-ok">2<' in html
     assert 'id="gpus-degraded">0<' in html
     assert 'id="nodes-failed">1<' in html
     assert "--tile-colour: #d64545" in html  # HealthState.colour("failed")
@@ -385,4 +382,28 @@ def test_summary_counts_open_faults_by_severity_and_lists_the_newest(client, dja
 
     client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
     html = client.get("/").content.decode()
-    assert "XID 79" in html and f"/gpus/{gpu.uuid}/" in html and 'id="faults-critical">2<' in html
+    assert "XID 79" in html and f"/gpus/{gpu.uuid}/" in html and 'id="faults-open">3<' in html
+
+
+@pytest.mark.django_db
+def test_fleet_alert_counts_are_the_alerts_lists_counts(client, django_user_model):
+    """Severity counts on the fleet page come from the alerts app's one count, never from XID severities."""
+    from alerts.models import Alert
+
+    def alert(name, severity, state="firing"):
+        Alert.objects.create(fingerprint=name, name=name, severity=severity, state=state,
+                             starts_at=FIXED_NOW, last_seen=FIXED_NOW)
+
+    alert("a", "critical")
+    alert("b", "critical", "acknowledged")
+    alert("c", "warning")
+    alert("d", "critical", "resolved")  # not open
+    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
+
+    fleet = client.get("/").content.decode()
+    alerts = client.get(reverse("alerts")).content.decode()
+
+    assert 'id="alerts-open">3<' in fleet and 'id="alerts-critical">2<' in fleet and 'id="alerts-firing">2<' in fleet
+    assert '<span id="bw-alerts-open">3</span>' in alerts
+    assert '<span data-severity="critical">2 critical</span>' in alerts
+    assert '<span id="bw-alerts-firing">2</span>' in alerts

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.urls import reverse
+from django.utils import timezone
 
 from telemetry.models import Allocation, Gpu, GpuEvent, Job, Node
 from telemetry.selectors.racks import METRICS, THROTTLE_LABELS, heatmap_values, rack_grid
@@ -102,8 +103,8 @@ def test_values_per_metric(floor):
     # c never reported: it has no value for any metric (the page draws it grey).
     recent = [(a.id, FIXED_NOW - timedelta(minutes=m), {"ecc_sbe_vol_delta": 2.0}) for m in range(3)]
     insert_rollup("gpu", "1m", [*recent, (a.id, FIXED_NOW - timedelta(hours=2), {"ecc_sbe_vol_delta": 50.0})])
-    GpuEvent.objects.create(gpu=b, kind="xid", code=79, first_seen=FIXED_NOW, last_seen=FIXED_NOW, count=3,
-                            source="kmsg")
+    GpuEvent.objects.create(gpu=b, kind="xid", code=13, first_seen=FIXED_NOW, last_seen=FIXED_NOW, count=3,
+                            source="kmsg")  # an application fault: the GPU itself is fine
 
     def values(metric):
         return heatmap_values(metric, now=FIXED_NOW)["values"]
@@ -115,6 +116,14 @@ def test_values_per_metric(floor):
     assert values("ecc_rate") == {a.id: 6.0}  # the last hour only
     assert values("xid_events") == {b.id: 3}
     assert c.id not in values("gpu_util")
+    health = heatmap_values("health", now=FIXED_NOW)
+    assert [health["categories"][health["values"][g.id]] for g in (a, b, c)] == ["Degraded", "OK", "No data"]
+
+    # A GPU that fell off the bus shows "no data" on every value metric, never its last reading.
+    GpuEvent.objects.create(gpu=a, kind="fallen_off_bus", code=79, first_seen=FIXED_NOW, last_seen=FIXED_NOW,
+                            source="kmsg")
+    assert values("gpu_util") == {b.id: 12.0}
+    assert health["categories"][values("health")[a.id]] == "Failed"
     note = heatmap_values("anomaly_score", now=FIXED_NOW)
     assert note["values"] == {} and "not run" in note["note"]
 
@@ -128,15 +137,15 @@ def _communicator(cookie: bytes | None = None):
 @pytest.mark.django_db(transaction=True)
 def test_consumer_sends_all_values_then_only_changes(floor, session_cookie):
     a, b = floor["GPU-n1-0"], floor["GPU-n1-1"]
-    write_latest(a, time=FIXED_NOW, gpu_temp=60.0)
-    write_latest(b, time=FIXED_NOW, gpu_temp=61.0)
+    write_latest(a, time=timezone.now(), gpu_temp=60.0)
+    write_latest(b, time=timezone.now(), gpu_temp=61.0)
 
     async def scenario():
         ws = _communicator(session_cookie)
         assert (await ws.connect())[0]
         await ws.send_json_to({"subscribe": "gpu_temp"})
         first = await ws.receive_json_from(timeout=5)
-        await sync_to_async(write_latest)(b, time=FIXED_NOW, gpu_temp=75.0)
+        await sync_to_async(write_latest)(b, time=timezone.now(), gpu_temp=75.0)
         await ws.send_input({"type": "telemetry.tick", "at": "t1"})
         second = await ws.receive_json_from(timeout=5)
         await ws.send_input({"type": "telemetry.tick", "at": "t2"})  # nothing changed: nothing sent
@@ -160,7 +169,7 @@ def test_pages_on_one_metric_share_one_read_per_tick(floor, session_cookie, monk
     from telemetry.selectors import racks
 
     a = floor["GPU-n1-0"]
-    write_latest(a, time=FIXED_NOW, gpu_temp=60.0)
+    write_latest(a, time=timezone.now(), gpu_temp=60.0)
     reads = []
     real = racks.heatmap_values
     monkeypatch.setattr(racks, "heatmap_values", lambda metric, **kw: reads.append(metric) or real(metric, **kw))
@@ -172,7 +181,7 @@ def test_pages_on_one_metric_share_one_read_per_tick(floor, session_cookie, monk
             await ws.send_json_to({"subscribe": "gpu_temp"})
             await ws.receive_json_from(timeout=5)
         subscribed = len(reads)
-        await sync_to_async(write_latest)(a, time=FIXED_NOW, gpu_temp=70.0)
+        await sync_to_async(write_latest)(a, time=timezone.now(), gpu_temp=70.0)
         for ws in pages:
             await ws.send_input({"type": "telemetry.tick", "at": "t1"})
         got = [await ws.receive_json_from(timeout=5) for ws in pages]

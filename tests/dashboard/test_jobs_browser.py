@@ -92,6 +92,8 @@ def test_job_list_and_job_page_follow_the_apis_live(asgi_server, browser_page):
     history = [now - timedelta(seconds=20 * k) for k in range(12, 0, -1)]
     _steps(asgi_server, token, "slurm:500", history, dict.fromkeys(range(8), 1.0))
 
+    _tick(asgi_server, token)  # a1's GPU 0 reports before the page opens: the ticks below change no health
+
     page = browser_page
     _login(page, asgi_server, "/jobs/")
     page.wait_for_selector("#jobs-table tr[data-key='slurm:500']", timeout=15_000)

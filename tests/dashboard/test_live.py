@@ -77,7 +77,7 @@ def test_consumer_sends_the_summary_on_connect_then_pushed_updates(session_cooki
 
     initial, sent, pushed = async_to_sync(scenario)()
 
-    assert _gpu_total(initial) == 1 and initial["gpus"]["by_health"]["healthy"]["count"] == 1
+    assert _gpu_total(initial) == 1 and initial["gpus"]["by_health"]["ok"]["count"] == 1
     assert initial["generated_at"] == "2026-11-30T12:00:00+00:00"
     assert sent is True
     assert _gpu_total(pushed) == 2 and pushed["gpus"]["by_health"]["failed"]["count"] == 1

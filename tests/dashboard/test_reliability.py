@@ -1,5 +1,6 @@
-"""The reliability page: access, the empty state, and the figures and hazard table after
-`fit_survival` has run on a subset of the real ORNL Titan records."""
+"""The reliability page: access, the empty state, the figures and hazard table after
+`fit_survival` has run on a subset of the real ORNL Titan records, and this fleet's own failures
+from seeded GPU events beside them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 from anomaly.models import ModelKind, ModelStatus, ModelVersion
+from dashboard.pages import reliability as reliability_page
 from tests.conftest import SHARED_DATA
+from tests.telemetry.reliability_seed import NOW as FLEET_NOW
+from tests.telemetry.reliability_seed import expected_failures, gpu_days, seed_fleet
 
 TITAN = SHARED_DATA / "traces" / "titan-gpu-failures" / "gc_full.csv"
 PASSWORD = "pw-reliability-1"
@@ -105,3 +109,50 @@ def test_fit_survival_bad_row_names_line_and_field(tmp_path):
     with pytest.raises(CommandError, match=r"line 4: field 'location' value 'cabinet-9'"):
         call_command("fit_survival", "--csv", str(csv))
     assert not ModelVersion.objects.filter(kind=ModelKind.SURVIVAL).exists()
+
+
+# --- this fleet's own failures, beside the reference ---------------------------------------------------
+
+@pytest.fixture
+def seeded(db):
+    return seed_fleet()
+
+
+@pytest.fixture
+def pinned(operator, monkeypatch):
+    monkeypatch.setattr(reliability_page, "now", lambda: FLEET_NOW)
+    return operator
+
+
+def cell(html: str, element_id: str) -> str:
+    return re.sub(r"\s+", " ", re.search(rf'id="{element_id}">(.*?)</', html, re.S).group(1)).strip()
+
+
+@pytest.mark.django_db
+def test_reliability_shows_this_fleets_failures_from_its_events(pinned, seeded):
+    html = pinned.get(reverse("reliability")).content.decode()
+    failures, days = expected_failures(), gpu_days(seeded.values())
+    assert cell(html, "bw-fleet-failures").startswith(f"{len(failures)} <small>on "
+                                                     f"{len({(f.host, f.index) for f in failures})} GPUs")
+    assert cell(html, "bw-fleet-rate") == f"{1000 * len(failures) / days:,.2f}"
+    assert cell(html, "bw-fleet-mtbf") == f"{days / len(failures):,.1f} GPU-days"
+    assert cell(html, "bw-fleet-gpus") == str(len(seeded))
+    recent = re.search(r'id="bw-fleet-recent">(.*?)</table>', html, re.S).group(1)
+    newest = sorted(failures, key=lambda f: f.at, reverse=True)
+    assert re.findall(r'<a href="(/gpus/[^"]+/)">([^<]+)</a>', recent) == [
+        (f"/gpus/{seeded[(f.host, f.index)].uuid}/", f"GPU {f.index} of {f.host}") for f in newest]
+    assert 'data-kind="xid" data-code="79"' in html and "XID 79: GPU has fallen off the bus" in html
+    # The two sources are labelled apart, and the weekly figure is drawn from this fleet's data.
+    assert '<h2 id="bw-fleet-h" class="bw-rel-source">This fleet' in html
+    assert '<h2 id="bw-titan-h" class="bw-rel-source">Titan reference (OLCF)' in html
+    figures = json.loads(re.search(r'id="bw-reliability-figures" type="application/json">(.*?)</script>',
+                                   html, re.S).group(1))
+    assert sum(figures["bw-fleet-weekly"]["data"][0]["y"]) == len(failures)
+
+
+@pytest.mark.django_db
+def test_reliability_titan_reference_is_labelled_with_its_years(operator, fitted):
+    html = operator.get(reverse("reliability")).content.decode()
+    label = f"Titan reference (OLCF, {fitted.train_start.year}–{fitted.train_end.year})"
+    assert f'<h2 id="bw-titan-h" class="bw-rel-source">{label}' in html
+    assert 'id="bw-fleet-empty"' in html  # no GPU in this inventory: nothing counted, nothing invented

@@ -1,5 +1,5 @@
-"""The reliability page in a real browser: plotly.js (served locally) draws the Kaplan-Meier
-curves and the forest plot without a JavaScript error."""
+"""The reliability page in a real browser: plotly.js (served locally) draws this fleet's weekly
+failures, the Kaplan-Meier curves and the forest plot without a JavaScript error."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from django.core.management import call_command
 
 from tests.conftest import save_screenshot
 from tests.dashboard.test_reliability import titan_subset
+from tests.telemetry.reliability_seed import expected_failures, seed_fleet
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 PASSWORD = "correct-horse-battery"
@@ -20,6 +21,7 @@ def test_reliability_page_draws_figures(asgi_server, browser_page, tmp_path):
     csv = tmp_path / "gc_subset.csv"
     titan_subset(csv)
     call_command("fit_survival", "--csv", str(csv), "--points", "120", stdout=io.StringIO())
+    seed_fleet()
     get_user_model().objects.create_user("rel-op", password=PASSWORD, is_staff=True)
     errors, page = [], browser_page
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -29,10 +31,11 @@ def test_reliability_page_draws_figures(asgi_server, browser_page, tmp_path):
     page.fill("input[name=password]", PASSWORD)
     page.click("button[type=submit]")
     page.wait_for_url(f"{asgi_server.url}/reliability/")
-    for figure in ("bw-km-cage", "bw-km-node", "bw-km-slot", "bw-forest"):
+    for figure in ("bw-fleet-weekly", "bw-km-cage", "bw-km-node", "bw-km-slot", "bw-forest"):
         page.wait_for_selector(f"#{figure}[data-rendered=true] .main-svg", timeout=15_000)
     # Three cages: a band and a line each.
     assert page.locator("#bw-km-cage .scatterlayer .trace").count() == 6
     assert page.locator("#bw-hazard-table tbody tr").count() > 40
+    assert page.locator("#bw-fleet-recent tbody tr").count() == len(expected_failures())
     save_screenshot(page, "reliability-laptop", full_page=True)
     assert errors == []

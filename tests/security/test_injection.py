@@ -172,7 +172,7 @@ def _pages(w: dict) -> dict[str, tuple[str, ...]]:
         f"/nodes/{quote(HOST)}/": (HOST,), f"/nodes/{quote(HOST_SQL)}/": (HOST_SQL,),
         f"/nodes/{quote(HOST_SVG)}/": (HOST_SVG,), "/gpus/GPU-svg-0/": (IMG,),
         "/gpus/GPU-inj-0/": (MODEL,), f"/jobs/slurm:{JOB_ID}/": (SCRIPT,),
-        f"/search/?q={quote('gpu-')}": (HOST,), f"/search/?q={quote(SCRIPT)}": (),
+        f"/search/?q={quote('gpu-')}": (HOST,), f"/search/?q={quote('window.__pwned')}": (SCRIPT,),
         "/alerts/": (ALERT_NAME,), f"/alerts/{w['alert'].pk}/": (ALERT_NAME, SCRIPT, SVG),
         "/audit/": (SVG + SCRIPT, ALERT_NAME), "/chargeback/": (TENANT_NAME, MODEL),
         f"/chargeback/invoices/{number}/": (TENANT_NAME,), f"/chargeback/invoices/{w['draft'].number}/": (HYPERLINK,),

@@ -230,7 +230,8 @@ def test_fallen_off_bus_gpu_stops_reporting_after_kmsg_xid79():
 # --- ground truth -------------------------------------------------------------------------------
 def test_truth_file_lists_every_armed_scenario_with_its_entity_and_times(tmp_path):
     specs = [f"{name}@{k}" for k, name in enumerate(SCENARIOS)]
-    cluster, scenarios, _ = _run(64, specs, 1, speed=5, truth=tmp_path / "truth.jsonl")
+    # One node each and a few for the job stories: 16 nodes leave room for every scenario.
+    cluster, scenarios, _ = _run(128, specs, 1, speed=5, truth=tmp_path / "truth.jsonl")
     lines = [orjson.loads(x) for x in (tmp_path / "truth.jsonl").read_bytes().splitlines()]
     assert [x["scenario"] for x in lines] == list(SCENARIOS)
     uuids = {g.spec.uuid: g.host for gs in cluster.gpus for g in gs}
@@ -246,7 +247,7 @@ def test_truth_file_lists_every_armed_scenario_with_its_entity_and_times(tmp_pat
             assert entity in cluster.fabric.ports
         elif kind == "job":
             assert cluster.layout.nodes[cluster.scheduler.jobs[int(entity)].nodes[0]].hostname == line["host"]
-    _run(64, specs, 1, speed=5, truth=tmp_path / "again.jsonl")
+    _run(128, specs, 1, speed=5, truth=tmp_path / "again.jsonl")
     assert (tmp_path / "again.jsonl").read_bytes() == (tmp_path / "truth.jsonl").read_bytes()
 
 

@@ -94,7 +94,7 @@ def test_an_unplaced_gpu_has_no_location():
     node = Node.objects.create(hostname="stray")
     Gpu.objects.create(uuid="GPU-stray-0", node=node, index=0)
     d = gpu_detail("GPU-stray-0", now=NOW)
-    assert d["location"]["rack"] is None and d["location"]["site"] is None and d["health"] == "unplaced"
+    assert d["location"]["rack"] is None and d["location"]["site"] is None and d["health"] == "stale"
 
 
 # --- Node ----------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_node_detail_lists_gpus_ports_power_and_jobs(cluster):
     assert (d["state"], d["system_model"], d["location"]["rack"], d["location"]["u_position"]) == (
         "active", "DGX H100", "r01-01", 2)
     assert [(g["index"], g["gpu_util"], g["gpu_temp"], g["power_w"], g["health"]) for g in d["gpus"]] == [
-        (0, 99.0, 60.0, 650.0, "healthy"), (1, None, None, None, "stale"), (2, None, None, None, "stale"),
+        (0, 99.0, 60.0, 650.0, "ok"), (1, None, None, None, "stale"), (2, None, None, None, "stale"),
         (3, None, None, None, "stale")]
     assert d["health"] == "stale"
     assert [(p["name"], p["rail"], p["guid"], p["peer"]) for p in d["ports"]] == [
@@ -129,7 +129,7 @@ def test_a_port_cabled_as_the_far_end_still_finds_its_switch(cluster):
 
 def test_a_node_without_gpus_ports_or_jobs(cluster):
     d = node_detail("gb-0002", now=NOW)
-    assert (d["gpus"], d["ports"], d["jobs"], d["health"]) == ([], [], [], "healthy")
+    assert (d["gpus"], d["ports"], d["jobs"], d["health"]) == ([], [], [], "ok")
     assert [(p["name"], p["via"]) for p in d["power_devices"]] == [("shelf-r02-01", "node"), ("loop-hall-a-1", "rack")]
 
 
@@ -143,7 +143,8 @@ def test_unknown_and_unplaced_nodes():
     assert node_detail("nope", now=NOW) is None
     Node.objects.create(hostname="stray")
     d = node_detail("stray", now=NOW)
-    assert d["placed"] is False and d["health"] == "unplaced" and d["power_devices"] == []
+    # Placement is not health: a stray node with nothing on it has nothing wrong either.
+    assert d["placed"] is False and d["health"] == "ok" and d["power_devices"] == []
 
 
 # --- Allocation history --------------------------------------------------------------------------

@@ -335,3 +335,60 @@ def test_run_invoices_command_finalizes_a_month(acme, standard, capsys):
     assert "1 invoices for 1 tenants" in capsys.readouterr().out
     with pytest.raises(CommandError, match="expected YYYY-MM"):
         call_command("run_invoices", period="October")
+
+
+# --- Failed and unmeasured hours ----------------------------------------------------------------------------
+
+
+def _failed_usage(owner, j, hours: int, failed: str):
+    rows = usage(owner, j, at(10, 3), hours, gpu_hours="4")
+    for row in rows:  # each hour: 4 GPU-hours held, `failed` of them after one GPU failed
+        row.failed_hours = row.lost_hours = Decimal(failed)
+        row.busy_hours = Decimal(4) - Decimal(failed)
+        row.save()
+
+
+def test_failed_hours_are_credited_at_the_price_paid_by_default(acme):
+    card("Spot", at(9, 1), {("", "", ""): "2.00"}, preemptible=["spot"], discount="0.25")
+    _failed_usage(acme, job(acme, "1", qos="spot"), 2, "0.75")
+    inv = generate(acme)
+    lines = {ln.kind: ln for ln in inv.lines.all()}
+    assert acme.lost_hours_policy == "credit"
+    assert lines[LineKind.FAILED].quantity == Decimal("1.5")
+    assert lines[LineKind.FAILED].unit_price == Decimal("-1.5")  # the $2 price less the 25 % discount
+    assert lines[LineKind.FAILED].amount == Decimal("-2.25") and "credited (policy: credit)" in \
+        lines[LineKind.FAILED].description
+    assert inv.total == Decimal("16.00") - Decimal("4.00") - Decimal("2.25")
+
+
+def test_failed_hours_under_a_charge_policy_are_listed_at_no_extra_cost(acme, standard):
+    acme.lost_hours_policy = "charge"
+    acme.save()
+    _failed_usage(acme, job(acme, "1"), 2, "1")
+    inv = generate(acme)
+    failed = inv.lines.get(kind=LineKind.FAILED)
+    assert failed.quantity == 2 and failed.amount == 0 and "charged as GPU time (policy: charge)" in failed.description
+    assert inv.total == Decimal("24.00")  # 8 GPU-hours at $3
+
+
+def test_unmeasured_hours_are_billed_as_held_and_named_on_the_gpu_time_line(acme):
+    card("Idle", at(9, 1), {("", "", ""): "2.00"}, idle="1.00")
+    rows = usage(acme, job(acme, "1"), at(10, 3), 1, gpu_hours="2")
+    rows[0].busy_hours, rows[0].unmeasured_hours = Decimal("0.5"), Decimal("1.5")
+    rows[0].save()
+    inv = generate(acme)
+    gpu_time = inv.lines.get(kind=LineKind.GPU_TIME)
+    assert gpu_time.amount == Decimal("4.00") and "1.5 of them unmeasured" in gpu_time.description
+    assert not inv.lines.filter(kind=LineKind.IDLE_HELD).exists()  # unknown activity is never charged as idle
+
+
+def test_statement_total_is_the_draft_total_with_its_corrections(acme, standard):
+    from tenancy.billing import statement
+
+    usage(acme, job(acme, "9"), at(9, 2), 1)
+    sep = do_finalize_invoice(do_generate_invoice(acme, at(9, 1), OCT[0], now=FIXED_NOW).id, "ops", now=FIXED_NOW)
+    do_correct_line(sep.lines.first().id, "-1.25", "goodwill", "ops")  # lands on October's draft
+    for i in range(3):
+        usage(acme, job(acme, str(i)), at(10, 3 + i), 5 + i, gpu_hours="0.333333", idle="0.1")
+    inv = generate(acme)
+    assert statement(acme, *OCT).total == inv.total == Decimal("18.00") - Decimal("1.25")  # 5 + 6 + 7 by the cent

@@ -137,6 +137,8 @@ def build_registry(acme, globex, d) -> dict[str, dict[str, list]]:
         "command_id": shared(command.pk),
         "ident": shared(*dash_idents()),
         "cache_id": shared("c0ffee"),
+        "kind": shared("gpus", "nodes", "racks"),
+        "state": shared("failed"),
     }
 
 

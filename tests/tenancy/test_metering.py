@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from django.db import connection
 
-from telemetry.models import Allocation, JobStateChange, MigInstance, PowerDevice, Rack, Row
+from telemetry.models import Allocation, GpuEvent, JobStateChange, MigInstance, PowerDevice, Rack, Row
 from tenancy.metering import floor_hour, meter_hours, run_metering
 from tenancy.models import MeteringWatermark, UsageHour
 from tests.conftest import FIXED_NOW
@@ -69,7 +69,7 @@ def test_fractional_gpu_is_weighted_by_its_fraction(node):
     assert usage(job) == D("0.230000")
 
 
-def test_minutes_under_the_threshold_are_idle_held_and_minutes_without_data_busy(node):
+def test_minutes_under_the_threshold_are_idle_held_and_minutes_without_data_unmeasured(node):
     _, gpus = node
     job = make_job("4", start=H, end=H + HOUR)
     allocate(job, gpus[:2], H, H + HOUR)
@@ -80,7 +80,8 @@ def test_minutes_under_the_threshold_are_idle_held_and_minutes_without_data_busy
     meter_hours(H, H + HOUR)
     row = UsageHour.objects.get(job=job)
     assert row.gpu_hours == D("2.000000")
-    assert row.idle_held_hours == D("0.666667") and row.busy_hours == D("1.333333") and row.lost_hours == 0
+    assert row.idle_held_hours == D("0.666667") and row.busy_hours == D("1.000000") and row.lost_hours == 0
+    assert row.unmeasured_hours == D("0.333333")  # never busy: nothing says the GPU worked
 
 
 def test_idle_held_threshold_follows_the_setting(node, settings):
@@ -143,8 +144,46 @@ def test_a_requeued_job_loses_its_first_run_only(node):
     meter_hours(H, H + 2 * HOUR)
     first, second = UsageHour.objects.filter(job=job).order_by("hour")
     assert first.lost_hours == 2 and first.busy_hours == 0
-    assert second.lost_hours == 0 and second.gpu_hours == second.busy_hours == D("1.666667")
+    assert second.lost_hours == 0 and second.gpu_hours == second.unmeasured_hours == D("1.666667")
     assert usage(node_fail, "lost_hours") == D("0.5") and usage(completed, "lost_hours") == 0
+
+
+def test_hours_after_a_gpu_falls_off_the_bus_are_failed_not_busy(node):
+    _, gpus = node
+    job = make_job("40", state="failed", start=H, end=H + 90 * MINUTE)
+    allocate(job, gpus[:2], H, H + 90 * MINUTE)
+    gpu_minutes(gpus[0], H, 30, gr_engine_active_avg=0.9)  # then XID 79: the GPU reports nothing more
+    gpu_minutes(gpus[1], H, 90, gr_engine_active_avg=0.9)
+    GpuEvent.objects.create(gpu=gpus[0], kind="xid", code=79, first_seen=H + 30 * MINUTE,
+                            last_seen=H + 30 * MINUTE, source="kmsg", message="GPU has fallen off the bus")
+    meter_hours(H, H + 2 * HOUR)
+    first, second = UsageHour.objects.filter(job=job).order_by("hour")
+    assert first.gpu_hours == 2 and first.busy_hours == D("1.5") and first.lost_hours == first.failed_hours == D("0.5")
+    assert second.gpu_hours == 1 and second.busy_hours == D("0.5") and second.failed_hours == D("0.5")
+    assert usage(job, "unmeasured_hours") == 0 and usage(job, "idle_held_hours") == 0
+
+
+def test_a_fault_open_before_the_job_started_fails_all_its_hours_on_that_gpu(node):
+    _, gpus = node
+    GpuEvent.objects.create(gpu=gpus[0], kind="ecc_dbe", first_seen=H - HOUR, last_seen=H - HOUR, source="nvml")
+    job = make_job("41", start=H, end=H + HOUR)
+    allocate(job, gpus[:1], H, H + HOUR)
+    meter_hours(H, H + HOUR)
+    assert usage(job, "failed_hours") == usage(job, "lost_hours") == 1 and usage(job, "busy_hours") == 0
+
+
+def test_application_xids_and_faults_cleared_before_the_job_fail_nothing(node):
+    _, gpus = node
+    GpuEvent.objects.create(gpu=gpus[0], kind="xid", code=13, first_seen=H + MINUTE, last_seen=H + MINUTE,
+                            source="kmsg")  # a kernel's own fault: the GPU is fine
+    GpuEvent.objects.create(gpu=gpus[1], kind="xid", code=79, first_seen=H - 2 * HOUR, last_seen=H - 2 * HOUR,
+                            source="kmsg", cleared_at=H - HOUR, cleared_reason="GPU reset")
+    job = make_job("42", start=H, end=H + HOUR)
+    allocate(job, gpus[:2], H, H + HOUR)
+    for g in gpus[:2]:
+        gpu_minutes(g, H, 60, gr_engine_active_avg=0.9)
+    meter_hours(H, H + HOUR)
+    assert usage(job, "busy_hours") == 2 and usage(job, "failed_hours") == usage(job, "lost_hours") == 0
 
 
 def test_energy_is_split_into_gpu_node_and_facility(node):
@@ -266,7 +305,7 @@ def test_run_metering_re_meters_the_older_hours_of_a_job_preempted_since(node, s
     job = make_job("23", state="running", start=H)
     allocate(job, gpus[:2], H, None)
     run_metering(FIXED_NOW)
-    assert usage(job, "busy_hours") == 8 and usage(job, "lost_hours") == 0
+    assert usage(job, "unmeasured_hours") == 8 and usage(job, "lost_hours") == 0
     # The scheduler preempts it at 12:00; the sync closes its ledger rows.
     job.state, job.end_time = "preempted", FIXED_NOW
     job.save()
@@ -274,7 +313,7 @@ def test_run_metering_re_meters_the_older_hours_of_a_job_preempted_since(node, s
     Allocation.objects.filter(job=job).update(end=FIXED_NOW)
     out = run_metering(FIXED_NOW + 5 * MINUTE)
     assert out["jobs_remetered"] == 1
-    assert usage(job, "lost_hours") == 8 and usage(job, "busy_hours") == 0
+    assert usage(job, "lost_hours") == 8 and usage(job, "busy_hours") == usage(job, "unmeasured_hours") == 0
 
 
 def test_run_metering_trims_hours_metered_past_an_end_that_synced_late(node, settings):

@@ -427,3 +427,68 @@ def test_tenancy_demo_command_writes_passwords_and_prints_logins(db, tmp_path):
     again = io.StringIO()
     call_command("tenancy_demo", "--password-dir", str(tmp_path), stdout=again)
     assert "(created)" not in again.getvalue() and password in again.getvalue()
+
+
+# --- Billing that follows the truth, and the hardware events behind it ----------------------------------
+
+def _faults_and_actions(now) -> None:
+    """Serving's GPU falls off the bus; the operators drain node-101 (llm-core's fault) and node-201 (serving's)."""
+    from alerts.models import RemediationAction
+
+    GpuEvent.objects.create(gpu=Gpu.objects.get(uuid="GPU-node-201-0"), kind="xid", code=79, source="kmsg",
+                            first_seen=now - 2 * H, last_seen=now - 2 * H, message="GPU has fallen off the bus")
+    for host, state in (("node-101", "succeeded"), ("node-201", "awaiting")):
+        RemediationAction.objects.create(kind="drain", mode="approval", state=state, target_kind="node",
+                                         target_key=host, reason=f"drain {host}: secret reason", created_at=now - 30
+                                         * timedelta(minutes=1), idempotency_key=f"drain-{host}", requested_by="op")
+
+
+def test_spent_this_month_is_the_draft_invoice_total_to_the_cent(world, client):
+    draft = do_generate_invoice(world["tenants"]["llm-core"], *NOV, now=FIXED_NOW)
+    assert draft.lines.values("job_id").distinct().count() == 2  # several jobs
+    page = signed_in(client, "llm-dev").get("/portal/llm-core/").content.decode()
+    assert re.search(r'id="bw-spent">([^<]+)<', page)[1] == portal.money(draft.total)
+    assert f'href="/portal/llm-core/invoices/{draft.number}/" id="bw-spent-draft"' in page
+
+
+def test_organisation_spend_is_its_own_draft_and_its_teams_apart(world, client):
+    page = signed_in(client, "acme-admin").get("/portal/acme/").content.decode()
+    teams = sum(do_generate_invoice(world["tenants"][t], *NOV, now=FIXED_NOW).total for t in ("llm-core", "serving"))
+    assert re.search(r'id="bw-spent">([^<]+)<', page)[1] == portal.money(0)  # acme itself ran nothing
+    assert re.search(r'id="bw-spent-teams">([^<]+)<', page)[1] == portal.money(teams)
+
+
+def test_jobs_page_shows_own_jobs_hardware_event_and_what_operators_did(world, client):
+    _faults_and_actions(FIXED_NOW)
+    page = signed_in(client, "llm-dev").get("/portal/llm-core/jobs/?days=1").content.decode()
+    events = page[page.index('id="bw-hw-events-table"'):]
+    events = events[:events.index("</table>")]
+    assert re.findall(r'<tr data-event-job="([^"]+)" data-gpu="([^"]+)" data-code="(\d+)"', events) == [
+        ("slurm:101", "GPU-node-101-0", "48")]
+    assert "node-101 #0" in events and "Double bit ECC error" in events and "GPU failed" in events
+    assert "Drain node · succeeded" in events and "secret reason" not in events
+    assert "node-201" not in page and "GPU-node-201-0" not in page and "Awaiting" not in events
+    row = page[page.index('<tr data-job="slurm:101"'):]
+    assert "XID 48" in row[:row.index("</tr>")]
+
+
+def test_health_page_lists_the_teams_events_and_not_another_tenants(world, client):
+    _faults_and_actions(FIXED_NOW)
+    serving = signed_in(client, "acme-admin").get("/portal/serving/health/").content.decode()
+    assert 'data-gpu="GPU-node-201-0" data-code="79"' in serving and "GPU has fallen off the bus" in serving
+    assert "GPU-node-101-0" not in serving.split('id="bw-hw-events"')[1]
+    client.logout()
+    helix = signed_in(client, "helix-viewer").get("/portal/helix/health/").content.decode()
+    assert "No hardware fault touched your jobs" in helix and "node-201" not in helix and "node-101" not in helix
+
+
+def test_invoice_page_states_the_unmeasured_and_failed_hours_rules(world, client):
+    draft = do_generate_invoice(world["tenants"]["llm-core"], *NOV, now=FIXED_NOW)
+    page = signed_in(client, "llm-dev").get(f"/portal/llm-core/invoices/{draft.number}/").content.decode()
+    rules = page[page.index('id="bw-billing-rules"'):]
+    assert "never counted as busy" in rules and "are credited" in rules and "Credit: not charged" in rules
+
+
+def test_jobs_window_select_has_no_inline_handler(world, client):
+    page = signed_in(client, "llm-dev").get("/portal/llm-core/jobs/").content.decode()
+    assert "onchange=" not in page and '<select name="days" data-autosubmit>' in page

@@ -50,7 +50,7 @@ def test_tenant_lands_on_portal_sees_usage_and_waste_and_downloads_invoice(asgi_
     page.wait_for_url(f"{url}/portal/llm-core/")
     page.wait_for_selector("#bw-usage-chart[data-rendered=true]")
     page.wait_for_selector("#bw-cost-chart[data-rendered=true]")
-    assert page.locator("#bw-usage-chart .trace.bars").count() == 3  # busy, idle-held and lost traces
+    assert page.locator("#bw-usage-chart .trace.bars").count() == 4  # busy, idle-held, unmeasured and lost
     waste = page.locator("#bw-waste").inner_text()
     assert "idle-held GPU-hours" in waste and ("slurm:102" in waste or "jupyter-notebook" in waste)
     nav = page.locator("header nav").inner_text()
@@ -78,3 +78,42 @@ def test_tenant_lands_on_portal_sees_usage_and_waste_and_downloads_invoice(asgi_
     assert page.locator("#bw-fair-share tbody tr").count() >= 5
     save_screenshot(page, "chargeback", full_page=True)
     assert errors == []
+
+
+def test_tenant_sees_its_jobs_hardware_event_and_the_window_changes_the_list(asgi_server, browser_page):
+    from telemetry.models import Job, JobStateChange
+    from tenancy.models import UsageHour
+    from tests.tenancy.test_portal import _faults_and_actions
+
+    now = timezone.now()
+    world = build_world(now)
+    _faults_and_actions(now)
+    # A job of five days ago: inside the 30-day window, outside the 1-day one.
+    old = Job.objects.create(source="slurm", external_id="103", name="old-sweep", account="llm-core", qos="normal",
+                             state="completed", start_time=now - timedelta(days=5), end_time=now - timedelta(days=5))
+    JobStateChange.objects.create(job=old, time=old.start_time, state="running")
+    UsageHour.objects.create(hour=floor_day(now) - timedelta(days=5), tenant=world["tenants"]["llm-core"], job=old,
+                             gpu_model="H100", qos="normal", gpu_hours=1, busy_hours=1)
+    errors, page, url = [], browser_page, asgi_server.url
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
+    page.add_init_script('window.__csp = []; document.addEventListener("securitypolicyviolation", '
+                         'function (e) { window.__csp.push(e.violatedDirective + " " + e.blockedURI); });')
+
+    _sign_in(page, url, "llm-dev", "/portal/llm-core/jobs/?days=30")
+    page.wait_for_url(f"{url}/portal/llm-core/jobs/?days=30")
+    jobs = page.locator("#bw-jobs")
+    assert jobs.locator("tr[data-job='slurm:103']").count() == 1
+    events = page.locator("#bw-hw-events-table")
+    mine = events.locator("tr[data-event-job='slurm:101'][data-gpu='GPU-node-101-0'][data-code='48']")
+    assert mine.count() == 1
+    text = mine.inner_text()
+    assert "node-101 #0" in text and "XID 48" in text and "Double bit ECC error" in text and "Drain node" in text
+    assert "node-201" not in page.content() and "GPU-node-201-0" not in page.content()
+    save_screenshot(page, "portal-hardware-events", full_page=True)
+
+    page.select_option("select[name=days]", "1")  # no button: forms.js submits on change
+    page.wait_for_url(f"{url}/portal/llm-core/jobs/?days=1")
+    assert page.locator("#bw-jobs tr[data-job='slurm:103']").count() == 0
+    assert page.locator("#bw-jobs tr[data-job='slurm:101']").count() == 1
+    assert page.evaluate("window.__csp") == [] and errors == []

@@ -145,8 +145,8 @@ def test_usage_summary_groups_and_splits_hours(world):
     rows = _by(selectors.usage_summary(world["operator"], FIXED_NOW - 3 * DAY, FIXED_NOW), "tenant")
     assert set(rows) == {"acme", "acme-vision", "globex", None}  # operators also see unmapped usage
     acme = rows["acme"]
-    assert acme["idle_held_hours"] == 8 and acme["busy_hours"] + acme["idle_held_hours"] + acme["lost_hours"] \
-        == acme["gpu_hours"]
+    assert acme["idle_held_hours"] == 8 and acme["busy_hours"] + acme["idle_held_hours"] + acme["unmeasured_hours"] \
+        + acme["lost_hours"] == acme["gpu_hours"]
     assert rows["globex"]["lost_hours"] == 8
     by_model = _by(selectors.usage_summary(world["globex_member"], FIXED_NOW - 3 * DAY, FIXED_NOW,
                                            by=("gpu_model", "qos")), "gpu_model")
@@ -172,7 +172,8 @@ def test_job_efficiency_shows_busy_idle_lost_and_stragglers(world):
                            started_at=FIXED_NOW - HOUR, last_seen=FIXED_NOW, score=4, last_score=4, summary="slow")
     rows = _by(selectors.job_efficiency(world["acme_member"], FIXED_NOW - 3 * DAY, FIXED_NOW), "job_key")
     assert rows["slurm:a0"]["idle_pct"] == 100 and rows["slurm:a0"]["busy_hours"] == 0
-    assert rows["slurm:a1"]["busy_pct"] == 100 and rows["slurm:a1"]["straggler_ranks"] == ["3"]
+    # a1 has no activity readings at all: its hours are unmeasured, never assumed busy.
+    assert rows["slurm:a1"]["unmeasured_pct"] == 100 and rows["slurm:a1"]["straggler_ranks"] == ["3"]
     assert rows["slurm:a0"]["stragglers"] == 0
     assert "slurm:g0" not in rows
     globex = _by(selectors.job_efficiency(world["globex_member"], FIXED_NOW - 3 * DAY, FIXED_NOW), "job_key")

@@ -109,7 +109,8 @@ def test_gpu_hours_per_job_match_sacct(slurm_cluster: SlurmCluster) -> None:
         idle = sum((r.idle_held_hours for r in rows), Decimal(0))
         expected_idle = Decimal(a["gpus"] * int((boundary - a["start"]).total_seconds())) / 3600
         assert abs(idle - expected_idle) <= Decimal("0.000001") * rows.count(), (job_id, idle, expected_idle)
-        assert sum((r.busy_hours + r.idle_held_hours + r.lost_hours for r in rows), Decimal(0)) == metered
+        assert sum((r.busy_hours + r.idle_held_hours + r.unmeasured_hours + r.lost_hours for r in rows), Decimal(0)) \
+            == metered
         assert {r.tenant.slug for r in rows} == {"bw"} and {r.gpu_model for r in rows} == {"H100"}
         figures.append(f"{job_id}: {a['gpus']} GPU x {a['elapsed']} s = {expected:.6f} h, metered {metered:.6f} h "
                        f"(idle-held {idle:.6f})")

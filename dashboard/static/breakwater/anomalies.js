@@ -3,7 +3,8 @@
  * The server renders the page for its GET filters (templates/anomalies.html); this script draws
  * the chart from the #bw-anom-figure JSON with the locally served plotly.js, subscribes with the
  * same filters, and redraws the rows and the chart whenever the consumer pushes a changed list.
- * Rows arrive shaped for display (texts, chips, colours: dashboard.pages.anomalies.display_row),
+ * Rows arrive shaped for display (entity names, chips with units, colours: anomaly.display and
+ * dashboard.pages.anomalies.display_row),
  * so this file only builds the same markup as templates/partials/anomalies.html, with textContent
  * so every value is escaped. Changing a filter reloads the page (plain GET form), which keeps
  * every view of the list a shareable URL.
@@ -52,7 +53,7 @@
     var cells = [
       el("td", { "class": "bw-anom-when", title: a.since_title, text: a.since_text }),
       el("td", { "class": "bw-anom-when", title: a.until_title }, until),
-      columns.entity ? el("td", { "class": "bw-anom-entity" },
+      columns.entity ? el("td", a.entity_title ? { "class": "bw-anom-entity", title: a.entity_title } : { "class": "bw-anom-entity" },
         [link(a.url, a.entity_text), el("div", { "class": "bw-muted bw-small", text: a.entity_kind })]) : null,
       columns.host ? el("td", { "class": "bw-anom-when" }, [link(a.host_url, a.host || "—")]) : null,
       el("td", {}, [el("span", { "class": "bw-anom-kind", style: { "--kind": a.colour }, text: a.kind_label })]),
@@ -69,7 +70,9 @@
     var columns = { entity: headers.indexOf("Entity") >= 0, host: headers.indexOf("Host") >= 0 };
     var body = document.createElement("tbody");
     rows.forEach(function (a) { body.appendChild(row(a, columns)); });
-    table.replaceChild(body, table.tBodies[0]);
+    // Rows are keyed by data-id: morphing keeps the ones that stay (and any focus inside them) in place.
+    if (BW.patch) BW.patch.morphChildren(table.tBodies[0], body);
+    else table.replaceChild(body, table.tBodies[0]);
     table.hidden = rows.length === 0;
     document.getElementById("bw-anom-empty").hidden = rows.length > 0;
   }

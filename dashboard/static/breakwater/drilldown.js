@@ -170,8 +170,8 @@
   function renderEvents(events) {
     var table = document.getElementById("bw-events"), empty = document.getElementById("bw-events-empty");
     if (!table) return;
-    var body = table.tBodies[0];
-    body.textContent = "";
+    var live = table.tBodies[0];
+    var body = document.createElement("tbody");  // built aside, then morphed into the page's (patch.js)
     events.forEach(function (e) {
       var tr = body.insertRow();
       cell(tr, e.last_seen_text, "first " + e.first_seen_text);
@@ -186,6 +186,8 @@
       cell(tr, String(e.count)).className = "bw-num";
       cell(tr, e.open ? "open" : "cleared " + (e.cleared_reason || ""));
     });
+    if (BW.patch) BW.patch.morphChildren(live, body);
+    else table.replaceChild(body, live);
     table.hidden = !events.length;
     if (empty) empty.hidden = !!events.length;
     table.dataset.updated = String(Date.now());

@@ -50,7 +50,10 @@
   /* Fill the box `id` with `markup`, only when it changed. */
   function fill(id, markup) {
     var box = document.getElementById(id);
-    if (box && box.dataset.markup !== markup) { box.innerHTML = markup; box.dataset.markup = markup; }
+    if (!box || box.dataset.markup === markup) return;
+    if (BW.patch) BW.patch.morphInner(box, markup);  // in place: focus and scroll inside the box survive
+    else box.innerHTML = markup;
+    box.dataset.markup = markup;
   }
 
   function esc(text) {

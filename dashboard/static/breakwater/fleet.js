@@ -69,7 +69,7 @@
       return rows.map(function (g) {
         var id = g.uuid.length > 24 ? g.uuid.slice(0, 23) + "…" : g.uuid;
         return '<tr><td><a href="' + esc(g.url) + '">' + esc(id) + '</a></td><td><a href="/nodes/' +
-          encodeURIComponent(g.host) + '/">' + esc(g.host) + "</a></td><td>" + Math.round(g.risk * 100) + "%</td></tr>";
+          encodeURIComponent(g.host) + '/">' + esc(g.host) + "</a></td><td>" + (g.version === "failed" ? '<span data-health="failed">failed</span>' : Math.round(g.risk * 100) + "%") + "</td></tr>";
       }).join("");
     }
   };
@@ -101,7 +101,10 @@
     });
     root.querySelectorAll("[data-list]").forEach(function (el) {
       var rows = lookup(summary, el.dataset.list);
-      if (Array.isArray(rows) && LISTS[el.dataset.list]) el.innerHTML = LISTS[el.dataset.list](rows);
+      if (!Array.isArray(rows) || !LISTS[el.dataset.list]) return;
+      // Morphed in place (patch.js): a link the operator focused or text they selected survives the push.
+      if (window.BW && BW.patch) BW.patch.morphInner(el, LISTS[el.dataset.list](rows));
+      else el.innerHTML = LISTS[el.dataset.list](rows);
     });
     root.querySelectorAll("[data-zero]").forEach(function (el) {
       el.classList.toggle("is-zero", !lookup(summary, el.dataset.zero));

@@ -40,7 +40,7 @@
     var stops = [], ticks, labels, zmin, zmax, title;
     if (meta.scale === "categorical") {
       var n = meta.categories.length, steps = n + 2;
-      var colours = [EMPTY, NO_DATA].concat(CATEGORY_COLOURS.slice(0, n));
+      var colours = [EMPTY, NO_DATA].concat((meta.colours || CATEGORY_COLOURS).slice(0, n));
       colours.forEach(function (c, i) { stops.push([i / steps, c], [(i + 1) / steps, c]); });
       meta._empty = -2; meta._noData = -1;
       zmin = -2.5; zmax = n - 0.5;
@@ -76,7 +76,7 @@
       return '<span class="bw-legend-item"><span class="bw-swatch" style="background:' + colour + '"></span>' + esc(label) + "</span>";
     };
     if (meta.scale === "categorical") {
-      meta.categories.forEach(function (c, i) { html += swatch(CATEGORY_COLOURS[i], c); });
+      meta.categories.forEach(function (c, i) { html += swatch((meta.colours || CATEGORY_COLOURS)[i], c); });
     } else {
       var grad = CIVIDIS.map(function (c, i) { return c + " " + (100 * i / (CIVIDIS.length - 1)).toFixed(1) + "%"; });
       html += '<span class="bw-legend-scale"><span class="bw-gradient" style="background:linear-gradient(to right,' +
@@ -84,6 +84,36 @@
         esc(L.labels[2]) + "</span><span>" + esc(L.labels[3]) + "</span></span></span>";
     }
     html += swatch(NO_DATA, "no data") + swatch(EMPTY, "empty slot");
+    box.innerHTML = html;
+  }
+
+  /* Under the Health metric, every GPU that is not OK is also listed as text with its state
+   * (data-health), worst first: a screen reader, a search of the page and a test can read what the
+   * canvas only draws. */
+  var ATTENTION_MAX = 50;
+  function drawAttention(meta) {
+    var box = document.getElementById("heatmap-attention");
+    if (!box) return;
+    if (!meta.states) { box.hidden = true; return; }
+    var g = st.payload.grid.gpus, rows = [];
+    for (var i = 0; i < g.id.length; i++) {
+      var v = meta.values[i];
+      if (v === null || v === undefined || meta.states[v] === "ok") continue;
+      rows.push([v, i]);
+    }
+    rows.sort(function (a, b) { return a[0] - b[0] || a[1] - b[1]; });
+    var html = '<h2 id="heatmap-attention-h">Not OK <span class="bw-muted">' + rows.length + "</span></h2>";
+    if (!rows.length) html += '<p class="bw-muted">Every GPU is OK.</p>';
+    else {
+      html += "<ul>" + rows.slice(0, ATTENTION_MAX).map(function (r) {
+        var i = r[1];
+        return '<li><a href="/gpus/' + encodeURIComponent(g.uuid[i]) + '/">' + esc(st.payload.grid.hosts[g.host[i]]) +
+          " GPU " + g.index[i] + '</a> <span class="bw-badge" data-health="' + meta.states[r[0]] +
+          '" style="--badge: ' + meta.colours[r[0]] + '">' + esc(meta.categories[r[0]]) + "</span></li>";
+      }).join("") + "</ul>";
+      if (rows.length > ATTENTION_MAX) html += '<p class="bw-muted">The first ' + ATTENTION_MAX + ' of ' + rows.length + ".</p>";
+    }
+    box.hidden = false;
     box.innerHTML = html;
   }
 
@@ -130,6 +160,7 @@
       pos.set(g.id[i], [y, x, i]);
     }
     st.z = z; st.cd = cd; st.pos = pos;
+    drawAttention(meta);
     // Size the plot from the width it gets: a cell is twice as wide as tall (scaleanchor below),
     // so a height taken from anything else leaves bands of white above and below the racks.
     var outer = document.getElementById("heatmap");
@@ -280,6 +311,7 @@
         changed++;
       }
       if (unknown) window.dash_clientside.set_props("heatmap-reload", { data: Date.now() });
+      if (changed) drawAttention(meta);
       var gd = graphDiv();
       if (!changed || !gd || !g.id.length) return nu;
       st.pending.push({ received: msg._received || performance.now(), cells: changed });

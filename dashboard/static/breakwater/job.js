@@ -279,7 +279,7 @@
     return "<b>Rank " + r.rank + "</b> · " + r.host + " · GPU " + r.gpu_index + (r.straggler ? " · <b>straggler</b>" : "") +
       "<br>Rack " + (r.rack || "—") + " · NVLink " + (r.nvlink_domain || "—") + " · leaf " + (r.leaf || "—") +
       "<br>Util " + U.fmtNum(r.gpu_util, 0, "%") + " · " + U.fmtNum(r.gpu_temp, 0, "°C") + " · " +
-      U.fmtNum(r.power_w, 0, "W") + " · " + r.health +
+      U.fmtNum(r.power_w, 0, "W") + " · " + (r.health_label || r.health) + (r.health_detail ? " (" + r.health_detail + ")" : "") +
       "<br>Step " + U.fmtNum(r.step_time_s, 3, "s") +
       (r.step_time_ratio === null ? "" : " (" + r.step_time_ratio.toFixed(2) + "× gang median)");
   }
@@ -374,8 +374,10 @@
       h("Td", { className: "is-num" }, U.fmtNum(r.gpu_util, 0, "%")),
       h("Td", { className: "is-num" }, U.fmtNum(r.gpu_temp, 0, "°C")),
       h("Td", { className: "is-num" }, U.fmtNum(r.power_w, 0, "W")),
-      h("Td", {}, h("Span", { className: "bw-health", style: { "--health-colour": r.health_colour } },
-                    [h("Span", { className: "bw-state-dot", "aria-hidden": "true" }), r.health])),
+      h("Td", {}, h("Span", { className: "bw-health", "data-health": r.health, title: r.health_detail || "",
+                              style: { "--health-colour": r.health_colour } },
+                    [h("Span", { className: "bw-state-dot", "aria-hidden": "true" }),
+                     (r.health_label || r.health) + (r.health_detail ? " · " + r.health_detail : "")])),
       h("Td", { className: "is-num" }, U.fmtNum(r.step_time_s, 3, "s")),
       h("Td", { className: "is-num" }, r.step_time_ratio === null ? "—" : r.step_time_ratio.toFixed(2) + "×"),
       h("Td", {}, status)

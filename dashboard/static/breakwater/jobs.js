@@ -132,7 +132,11 @@
       h("Td", {}, job.user || "—"),
       h("Td", {}, job.tenant || "—"),
       h("Td", {}, job.partition || "—"),
-      h("Td", {}, stateBadge(job.state, job.state_label, job.colour)),
+      h("Td", {}, [stateBadge(job.state, job.state_label, job.colour)].concat(
+        job.gpu_health && job.gpu_health.not_ok ? [" ", h("Span", {
+          className: "bw-badge", "data-health": job.gpu_health.health, title: job.gpu_health.health_detail,
+          style: { "--badge": job.gpu_health.health_colour } },
+          job.gpu_health.not_ok + " GPU" + (job.gpu_health.not_ok > 1 ? "s " : " ") + job.gpu_health.health_label.toLowerCase())] : [])),
       h("Td", { className: "is-num" }, job.gpu_count % 1 ? job.gpu_count.toFixed(2) : String(job.gpu_count)),
       h("Td", { className: "is-num" }, String(job.node_count)),
       h("Td", { className: "bw-nowrap", title: fmtTime(job.submit, true) }, fmtShortTime(job.submit)),

@@ -4,7 +4,13 @@
  * (re)connect, so a page re-sends its subscription, and onMessage(obj) for every JSON message.
  * After a close it retries with jittered exponential backoff (1 s doubling to 30 s), which
  * spreads the reconnects of every open page after a server restart. Close code 4401 means the
- * session ended: the page goes to the login page instead of retrying. No polling anywhere.
+ * session ended: the page goes to the login page instead of retrying; 4403 (not allowed) stops.
+ * No polling anywhere.
+ *
+ * A server-rendered page with live regions ({% live %} in its template: elements with data-live)
+ * subscribes to /ws/page/ by itself once the page has loaded; each pushed region is morphed into
+ * the page in place (BW.patch, patch.js), so focus, typed text, open menus and scroll stay put.
+ * BW.livePageStats counts what was applied (the browser tests wait on it).
  */
 (function () {
   "use strict";
@@ -12,6 +18,7 @@
   var MIN_DELAY_MS = 1000;
   var MAX_DELAY_MS = 30000;
   var CLOSE_UNAUTHENTICATED = 4401;
+  var CLOSE_FORBIDDEN = 4403;
 
   function setConn(state, text) {
     var conn = document.getElementById("bw-conn");
@@ -59,6 +66,10 @@
           location.assign("/login/?next=" + encodeURIComponent(location.pathname + location.search));
           return;
         }
+        if (event.code === CLOSE_FORBIDDEN) {
+          setConn("offline", "Not allowed");
+          return;
+        }
         var wait = delay / 2 + Math.random() * delay / 2;
         delay = Math.min(delay * 2, MAX_DELAY_MS);
         setConn("offline", "Offline, retrying in " + Math.ceil(wait / 1000) + " s");
@@ -69,6 +80,42 @@
     connect();
     return api;
   };
+
+  /* The live regions of a server-rendered page: subscribe with the page's own address, morph what comes. */
+  BW.livePage = function () {
+    var regions = document.querySelectorAll("[data-live]");
+    if (!regions.length || !BW.patch) return null;
+    var sub = 0;
+    var stats = (BW.livePageStats = { applied: 0, regions: 0, error: null, seq: 0 });
+    return BW.live("/ws/page/", {
+      onOpen: function (api) {
+        sub += 1;
+        api.send({ subscribe: "page", sub: sub, path: location.pathname + location.search });
+      },
+      onMessage: function (msg) {
+        if (msg.sub !== sub) return;
+        if (msg.type === "error") {
+          stats.error = msg.status + " " + msg.message;
+          console.warn("breakwater: live page refused:", msg.message);
+          return;
+        }
+        if (msg.type !== "regions") return;
+        Object.keys(msg.regions).forEach(function (name) {
+          var el = document.querySelector('[data-live="' + CSS.escape(name) + '"]');
+          if (el) {
+            BW.patch.morphInner(el, msg.regions[name]);
+            stats.regions += 1;
+          }
+        });
+        stats.applied += 1;
+        stats.seq = msg.seq;
+        document.dispatchEvent(new CustomEvent("bw:live-regions", { detail: { names: Object.keys(msg.regions) } }));
+      }
+    });
+  };
+
+  // Scripts load at the end of <body>: start once every script (patch.js among them) has run.
+  document.addEventListener("DOMContentLoaded", function () { BW.livePage(); });
 
   /* Hand a pushed message to a Dash app: set it into a dcc.Store, whose clientside callback
    * applies it. Call only once the app has rendered (the renderer defines set_props). */

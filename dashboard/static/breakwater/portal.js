@@ -1,5 +1,5 @@
-/* The overview's charts from the #bw-portal-charts JSON: GPU-hours per day stacked busy / idle-held / lost
- * (Okabe-Ito-like green, amber, red, with a legend, so colour is not the only cue) and cost per day. */
+/* The overview's charts from the #bw-portal-charts JSON: GPU-hours per day stacked busy / idle-held / unmeasured
+ * / lost (green, amber, grey, red, with a legend, so colour is not the only cue) and cost per day. */
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("bw-portal-charts").textContent);
@@ -17,7 +17,8 @@
     return function () { document.getElementById(id).setAttribute("data-rendered", "true"); BW.portalCharts.drawn += 1; };
   }
   window.Plotly.newPlot("bw-usage-chart", [
-    bar("busy", data.busy, "#2e9d5b"), bar("idle-held", data.idle_held, "#e0a100"), bar("lost", data.lost, "#d64545")
+    bar("busy", data.busy, "#2e9d5b"), bar("idle-held", data.idle_held, "#e0a100"),
+    bar("unmeasured", data.unmeasured, "#8a94a6"), bar("lost", data.lost, "#d64545")
   ], Object.assign({}, LAYOUT, { yaxis: { title: { text: "GPU-hours" }, rangemode: "tozero" } }), CONFIG)
     .then(done("bw-usage-chart"));
   window.Plotly.newPlot("bw-cost-chart", [

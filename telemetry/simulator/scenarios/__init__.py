@@ -8,7 +8,7 @@ telemetry exists, so a detector can be scored against it later:
     {"scenario", "entity_kind", "entity", "host", "starts_at", "fails_at", "details"}
 
 Entities: a GPU as its UUID or ``HOST/INDEX`` (a bare HOST lets the seed pick the GPU); a
-port as ``OWNER:PORT``; a leaf, rack or cooling loop (or row) by name; a job scenario takes a
+node as its HOST; a port as ``OWNER:PORT``; a leaf, rack or cooling loop (or row) by name; a job scenario takes a
 HOST as its first node. The same seed, specs and tick times give the same stories and the same
 ground truth.
 """
@@ -23,8 +23,9 @@ from pathlib import Path
 import orjson
 
 from telemetry.simulator.scenarios.base import Scenario, ScenarioError, Spec
-from telemetry.simulator.scenarios.gpu import FallenOffBus, GpuDegrading, NvlinkCrc
-from telemetry.simulator.scenarios.network import CongestedUplink, IbLinkFlap
+from telemetry.simulator.scenarios.gpu import FallenOffBus, GpuDegrading, GpuSilent, NvlinkCrc
+from telemetry.simulator.scenarios.network import CongestedUplink, IbLinkFlap, PortDegraded
+from telemetry.simulator.scenarios.node import NodeDown
 from telemetry.simulator.scenarios.site import CoolingFailure, RackOverCap
 from telemetry.simulator.scenarios.training import Divergence, Straggler
 
@@ -32,7 +33,7 @@ __all__ = ["SCENARIOS", "ScenarioError", "ScenarioSet", "Spec", "parse_spec"]
 
 SCENARIOS: dict[str, type[Scenario]] = {cls.name: cls for cls in (
     GpuDegrading, CoolingFailure, NvlinkCrc, IbLinkFlap, CongestedUplink, Straggler, RackOverCap,
-    Divergence, FallenOffBus,
+    Divergence, FallenOffBus, GpuSilent, NodeDown, PortDegraded,
 )}
 SPEC_RE = re.compile(r"(?P<name>[a-z0-9-]+)(?:@(?P<start>\d+(?:\.\d+)?))?(?::(?P<entity>.+))?")
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from telemetry.simulator.gpus import SimGpu
     from telemetry.simulator.jobs import Job
 
-ENTITY_KINDS = ("gpu", "port", "rack", "job", "cooling_loop")
+ENTITY_KINDS = ("gpu", "node", "port", "rack", "job", "cooling_loop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +143,19 @@ class Scenario:
         job = cluster.scheduler.jobs[job_id]
         self.entity, self.host = str(job_id), hosts[0]
         return job
+
+    def occupy(self, i: int, minutes: float = 60.0) -> None:
+        """Run a single-node job on node `i` from the first tick through the fault and `minutes` past it,
+        so the fault strikes a node at work, as faults do; its id goes into the details."""
+        cluster = self.cluster
+        if (busy := cluster.scheduler.node_job[i]) is not None:
+            self.details["job"] = busy.id
+            return
+        t0 = self.start - self.spec.start_min * 60
+        until = (self.fails_at or self.start) - t0 + minutes * 60
+        host = cluster.layout.nodes[i].hostname
+        self.details["job"] = cluster.start_job([host], "finetune", datetime.fromtimestamp(t0, UTC),
+                                                minutes=until / 60)
 
     def kill_job(self, i: int, t: float, why: str) -> list[str]:
         """The job on node `i`, if any, dies; the node is drained (no new work lands on it)."""

@@ -1,6 +1,7 @@
-"""GPU hardware stories: failing HBM, a degrading NVLink, a GPU that falls off the bus.
+"""GPU hardware stories: failing HBM, a degrading NVLink, a GPU that falls off the bus, a GPU
+that goes silent.
 
-All three hold the GPU's node (no random faults there) and speak through the same fields
+All of them hold the GPU's node (no random faults there) and speak through the same fields
 and events a real node would: NVML counters in the GPU record, and for XID 79, which NVML can
 no longer read once the GPU is gone, a kernel-log event in the batch's "events".
 """
@@ -150,6 +151,7 @@ class FallenOffBus(_GpuScenario):
     def choose(self, taken: set[int]) -> None:
         super().choose(taken)
         self.details.update({"last_record_before": iso(self.fails_at), "event_source": "kmsg"})
+        self.occupy(self.node)
 
     def before(self, t: float, dt: float) -> list[str]:
         s, g = self.elapsed(t), self.gpu
@@ -159,3 +161,24 @@ class FallenOffBus(_GpuScenario):
         if s >= self.fails_after_s:
             return self.fall_off_bus(t, f"killed by XID 79 on {self.host}")
         return []
+
+
+class GpuSilent(_GpuScenario):
+    """The GPU simply stops reporting: its records stop, and nothing says why. No XID, no
+    kernel-log line, no event; its node, its peers and its job carry on (the way a wedged
+    DCGM field watch or an exporter that lost one device looks from outside)."""
+
+    name = "gpu-silent"
+    fails_after_s = 0.0
+
+    def choose(self, taken: set[int]) -> None:
+        super().choose(taken)
+        self.details.update({"last_record_before": iso(self.fails_at), "event": None})
+        self.occupy(self.node)
+
+    def before(self, t: float, dt: float) -> list[str]:
+        g = self.gpu
+        if self.elapsed(t) < 0 or g.dead:
+            return []
+        g.dead = True  # answers nothing from now on; the job on the node is not told
+        return [f"scenario {self.name}: {self.host} GPU {g.spec.index} stopped reporting"]

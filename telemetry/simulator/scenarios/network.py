@@ -1,9 +1,11 @@
-"""InfiniBand stories: a flapping HCA-to-leaf link and a congested leaf uplink."""
+"""InfiniBand stories: a flapping HCA-to-leaf link, a degraded one and a congested leaf uplink."""
 
 from __future__ import annotations
 
 from telemetry.simulator.fabric import (
     DOWNED,
+    INTEGRITY,
+    RCV_ERR,
     RECOVERY,
     STATE_ACTIVE,
     STATE_DOWN,
@@ -12,9 +14,26 @@ from telemetry.simulator.fabric import (
     WAIT_PER_S,
     SimPort,
 )
+from telemetry.simulator.faults import poisson
 from telemetry.simulator.scenarios.base import Scenario, ScenarioError, iso
 
 MINUTE = 60.0
+
+
+def hca_port(scenario: Scenario, taken: set[int]) -> SimPort:
+    """The HCA port the spec names (by either end of its link), else one on a seeded free node."""
+    ports = scenario.cluster.fabric.ports
+    entity = scenario.spec.entity
+    if entity and ":" in entity:
+        p = ports.get(entity)
+        if p is not None and p.key != "host" and p.peer.key == "host":
+            p = p.peer  # named by its leaf end
+        if p is None or p.key != "host":
+            raise ScenarioError(f"{scenario.name}: {entity} is not an HCA port or its leaf port")
+        taken.add(p.node)
+        return p
+    i = scenario.pick_nodes(taken)[0]
+    return scenario.cluster.fabric.hca[i][scenario.rng.randrange(len(scenario.cluster.fabric.hca[i]))]
 
 
 class IbLinkFlap(Scenario):
@@ -29,27 +48,13 @@ class IbLinkFlap(Scenario):
     fails_after_s = 0.0  # the first drop is the failure: the job on the node loses its rail
 
     def choose(self, taken: set[int]) -> None:
-        self.port = self._port(taken)
+        self.port = hca_port(self, taken)
         self.cluster.held.add(self.port.node)
         self.entity, self.host = f"{self.port.owner}:{self.port.name}", self.port.owner
         self.flaps = self.down_since = 0
         self.details = {"peer": f"{self.port.peer.owner}:{self.port.peer.name}",
                         "flaps_at": [iso(self.at(s)) for s in self.FLAPS_S],
                         "down_s": self.DOWN_S / self.speed}
-
-    def _port(self, taken: set[int]) -> SimPort:
-        ports = self.cluster.fabric.ports
-        entity = self.spec.entity
-        if entity and ":" in entity:
-            p = ports.get(entity)
-            if p is not None and p.key != "host" and p.peer.key == "host":
-                p = p.peer  # named by its leaf end
-            if p is None or p.key != "host":
-                raise ScenarioError(f"{self.name}: {entity} is not an HCA port or its leaf port")
-            taken.add(p.node)
-            return p
-        i = self.pick_nodes(taken)[0]
-        return self.cluster.fabric.hca[i][self.rng.randrange(len(self.cluster.fabric.hca[i]))]
 
     def before(self, t: float, dt: float) -> list[str]:
         s, p = self.elapsed(t), self.port
@@ -104,3 +109,44 @@ class CongestedUplink(Scenario):
         for p in self.downs:
             p.c[WAIT] += int(wait * self.DOWNLINK_SHARE * self.rng.uniform(0.7, 1.3))
         return []
+
+
+class PortDegraded(Scenario):
+    """One HCA's link to its leaf degrades without going down, as a failing cable or transceiver
+    does: both ends retrain at a lower rate (400 -> 200 Gb/s), symbol errors arrive steadily and
+    grow, with some receive and local link-integrity errors. The link stays up (state 4)."""
+
+    name = "port-degraded"
+    entity_kind = "port"
+    SPEED_GBPS = 200
+    SYMBOL_PER_S = (2.0, 20.0)  # at the start and after RAMP_S, per scenario second
+    RAMP_S = 10 * MINUTE
+    RCV_ERR_SHARE, INTEGRITY_SHARE = 0.05, 0.01
+    fails_after_s = 0.0  # the drop in rate is the failure: the rail carries half of what it did
+
+    def choose(self, taken: set[int]) -> None:
+        self.port = hca_port(self, taken)
+        self.cluster.held.add(self.port.node)
+        self.entity, self.host = f"{self.port.owner}:{self.port.name}", self.port.owner
+        self.details = {"peer": f"{self.port.peer.owner}:{self.port.peer.name}",
+                        "speed_gbps": {"before": self.port.speed_gbps, "after": self.SPEED_GBPS},
+                        "symbol_errors_per_s": list(self.SYMBOL_PER_S), "ramp_s": self.RAMP_S / self.speed,
+                        "link_state": STATE_ACTIVE}
+        self.occupy(self.port.node)
+
+    def before(self, t: float, dt: float) -> list[str]:
+        s, p = self.elapsed(t), self.port
+        if s < 0 or p.silent:
+            return []
+        lines = []
+        if p.speed_gbps != self.SPEED_GBPS:
+            p.speed_gbps = p.peer.speed_gbps = self.SPEED_GBPS
+            lines.append(f"scenario {self.name}: {self.entity} retrained at {self.SPEED_GBPS} Gb/s")
+        lo, hi = self.SYMBOL_PER_S
+        rate = lo + (hi - lo) * min(1.0, s / self.RAMP_S)
+        for q in (p, p.peer):
+            symbols = poisson(self.rng, rate * dt * self.speed)
+            q.c[SYMBOL] += symbols
+            q.c[RCV_ERR] += poisson(self.rng, symbols * self.RCV_ERR_SHARE)
+            q.c[INTEGRITY] += poisson(self.rng, symbols * self.INTEGRITY_SHARE)
+        return lines
