@@ -177,6 +177,8 @@ CELERY_BEAT_SCHEDULE = {
     "rollup": {"task": "telemetry.tasks.run_rollups", "schedule": timedelta(seconds=30)},
     "retention": {"task": "telemetry.tasks.apply_retention", "schedule": timedelta(hours=1)},
     "scrape": {"task": "telemetry.tasks.scrape_targets", "schedule": timedelta(seconds=15)},
+    # A GPU that stops reporting turns "no data" with time, not with a commit: look every 2 s.
+    "health-changes": {"task": "telemetry.tasks.publish_health_changes", "schedule": timedelta(seconds=2)},
     # Detectors and failure risk every minute; every model retrained daily (anomaly app).
     "anomaly-score": {"task": "anomaly.tasks.score", "schedule": timedelta(minutes=1)},
     "anomaly-train": {"task": "anomaly.tasks.train_models", "schedule": timedelta(days=1)},
@@ -246,7 +248,7 @@ RETENTION = {
 # intervals plus STALE_GRACE (the push delay); STALE_AFTER caps that wait for slow sources and is
 # what a source gets before its second sample shows its interval (`telemetry.health`).
 STALE_AFTER = timedelta(seconds=_env_int("STALE_AFTER_SECONDS", 180))
-STALE_GRACE = timedelta(seconds=_env_int("STALE_GRACE_SECONDS", 5))
+STALE_GRACE = timedelta(seconds=_env_int("STALE_GRACE_SECONDS", 3))
 # dcgm-exporter endpoints pulled by the beat scraper are ScrapeTarget rows
 # (`manage.py scrape_targets add URL`, or the admin); each fetch gives up after this long.
 SCRAPE_TIMEOUT_SECONDS = _env_int("SCRAPE_TIMEOUT_SECONDS", 5)

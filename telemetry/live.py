@@ -106,6 +106,39 @@ def publish_fleet_summary() -> bool:
     return False
 
 
+HEALTH_DIGEST_SUFFIX = "live:health-digest"
+
+
+def publish_on_health_change(now=None) -> bool:
+    """Publish when any GPU's or port's state changed since the last look, though nothing was ingested.
+
+    "No data" is a matter of time, not of a commit: a GPU that stops reporting turns stale two of its
+    intervals after its last sample, when ingest may have nothing to commit about it. The beat calls
+    this every couple of seconds; the digest of every non-OK state (in Redis, shared by every worker)
+    decides whether the pages need a push. Never raises; True when a summary was sent.
+    """
+    import hashlib
+
+    from telemetry import health
+
+    try:
+        gpus = sorted((r[0], r[3]) for r in health.gpu_states(now=now) if r[3] != "ok")
+        ports = sorted((i, h.state) for i, h in health.port_health(now=now).items() if h.state != "ok")
+        digest = hashlib.sha1(repr((gpus, ports)).encode()).hexdigest().encode()
+        key = f"{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}:{HEALTH_DIGEST_SUFFIX}"
+        if _redis.getset(key, digest) == digest:
+            return False
+        # A state that changed with time is news for the alert rules too (a GPU gone silent): evaluate now,
+        # as ingest does after a commit (late import: telemetry must not need alerts to load).
+        from alerts.actions import schedule_evaluation
+
+        schedule_evaluation()
+        return publish_fleet_summary()
+    except Exception:
+        logger.exception("health change publish failed")
+        return False
+
+
 def wait_for_trailing_publish(timeout: float = 5.0) -> None:
     """Block until this process's pending trailing publish (if any) has run.
 

@@ -81,3 +81,11 @@ def sync_slurm() -> dict[str, int]:
     from telemetry.slurm.poll import cli_runner, poll_slurm
 
     return poll_slurm(cli_runner(settings.SLURM_COMMAND_PREFIX), now=timezone.now())
+
+
+@shared_task(name="telemetry.tasks.publish_health_changes", expires=2)
+def publish_health_changes() -> bool:
+    """Push live pages when a state changed with time alone (a GPU gone silent): `telemetry.live`."""
+    from telemetry.live import publish_on_health_change
+
+    return publish_on_health_change()

@@ -18,7 +18,7 @@ def ports_not_ok(now) -> dict:
     """Every fabric port whose state is not OK, worst first (the first PORTS_LISTED), and the count."""
     bad = {pid: h for pid, h in health.port_health(now=now).items() if h.state != "ok"}
     ports = Port.objects.filter(id__in=list(bad)).select_related("node", "switch")
-    rows = sorted(({"name": f"{p.owner_name} {p.name}", "url": reverse("port", args=[p.id]),
+    rows = sorted(({"name": str(p), "url": reverse("port", args=[p.id]),
                     "since": bad[p.id].since, **health.health_fields(bad[p.id])} for p in ports),
                   key=lambda r: (health.RANK[r["health"]], r["name"]))
     return {"rows": rows[:PORTS_LISTED], "total": len(rows), "limit": PORTS_LISTED}

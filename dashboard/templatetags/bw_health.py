@@ -8,6 +8,7 @@ bench and the live pages' scripts read the state the same way on every page.
 from django import template
 from django.utils.html import format_html
 
+from telemetry.health import age_text
 from telemetry.models import HealthState
 
 register = template.Library()
@@ -26,3 +27,9 @@ def health_badge(row, detail: bool = True):
     if detail and why:
         return format_html('{} <span class="bw-health-detail">{}</span>', badge, why)
     return badge
+
+
+@register.filter
+def data_age(age_s) -> str:
+    """How old an entity's newest sample is, as the health model says it ("no data for 8 min")."""
+    return age_text(age_s)

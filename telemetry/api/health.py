@@ -45,5 +45,5 @@ def _names(kind: str, ids: list[int]) -> dict[int, dict]:
                        "index": g.index} for g in Gpu.objects.filter(id__in=ids).select_related("node")}
     if kind == "nodes":
         return {i: {"name": h} for i, h in Node.objects.filter(id__in=ids).values_list("id", "hostname")}
-    return {p.id: {"name": f"{p.owner_name} {p.name}"} for p in Port.objects.filter(id__in=ids)
+    return {p.id: {"name": str(p)} for p in Port.objects.filter(id__in=ids)
             .select_related("node", "switch")}

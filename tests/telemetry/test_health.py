@@ -15,7 +15,7 @@ from django.db import connection
 from telemetry import health
 from telemetry.actions import do_create_collector_token
 from telemetry.fields import KINDS
-from telemetry.models import Allocation, Gpu, GpuEvent, Job, NodeState, Port
+from telemetry.models import Allocation, Gpu, GpuEvent, Job, Node, NodeState, Port
 from telemetry.selectors.inventory import gpu_tile
 from telemetry.selectors.racks import heatmap_values
 from tests.conftest import FIXED_NOW
@@ -256,3 +256,69 @@ def test_health_api_counts_match_the_lists(admin_client):
     assert body["items"][0]["uuid"] == dead.uuid and body["items"][0]["state"] == "failed"
     assert admin_client.get("/api/v1/health?kind=racks").status_code == 400
     assert admin_client.get("/api/v1/health?state=broken").json()["error"]["where"] == "state"
+
+
+@pytest.mark.django_db
+def test_live_pages_are_pushed_when_a_gpu_goes_silent_without_any_ingest(monkeypatch, settings):
+    from telemetry import live
+
+    settings.CHANNEL_LAYERS = {**settings.CHANNEL_LAYERS, "default": {
+        **settings.CHANNEL_LAYERS["default"],
+        "CONFIG": {**settings.CHANNEL_LAYERS["default"].get("CONFIG", {}), "prefix": "bw-test-health-digest"}}}
+    sent = []
+    monkeypatch.setattr(live, "publish_fleet_summary", lambda: sent.append(1) or True)
+    gpu = make_gpu(**HEALTHY, time=NOW - timedelta(seconds=5))
+    set_interval(gpu, 10)
+    live._redis.delete("bw-test-health-digest:" + live.HEALTH_DIGEST_SUFFIX)
+
+    assert live.publish_on_health_change(now=NOW) is True  # first look
+    assert live.publish_on_health_change(now=NOW + timedelta(seconds=10)) is False  # 15 s: still OK
+    assert live.publish_on_health_change(now=NOW + timedelta(seconds=22)) is True  # 27 s > 2 × 10 + 5: no data
+    assert live.publish_on_health_change(now=NOW + timedelta(seconds=24)) is False
+    assert len(sent) == 2
+
+
+@pytest.mark.django_db
+def test_fabric_and_node_pages_list_a_slow_port_as_degraded(admin_client):
+    from django.utils import timezone
+
+    node = make_node()
+    slow = Port.objects.create(node=node, name="mlx5_4/1", speed_gbps=400)
+    fine = Port.objects.create(node=node, name="mlx5_5/1", speed_gbps=400)
+    write_port(slow, time=timezone.now(), link_state=4, link_speed_gbps=200)
+    write_port(fine, time=timezone.now(), link_state=4, link_speed_gbps=400)
+
+    fabric = admin_client.get("/fabric/").content.decode()
+    node_page = admin_client.get(f"/nodes/{node.hostname}/").content.decode()
+
+    row = fabric[fabric.index(f"{node.hostname}:mlx5_4/1"):]
+    assert 'data-health="degraded"' in row[:600] and "link at 200 of 400 Gb/s" in row[:600]
+    assert f"{node.hostname}:mlx5_5/1" not in fabric  # OK ports are not listed
+    assert node_page.count('data-health="degraded"') == 1 and node_page.count('data-health="ok"') >= 1
+
+
+@pytest.mark.django_db
+def test_fleet_counts_in_sql_agree_with_the_python_node_and_rack_rules():
+    from collections import Counter
+
+    rack_nodes = [make_node() for _ in range(3)]
+    ok_gpu, dead, silent = (make_gpu(rack_nodes[0], **HEALTHY), make_gpu(rack_nodes[1], **HEALTHY),
+                            make_gpu(rack_nodes[2], **HEALTHY, time=NOW - timedelta(minutes=10)))
+    open_event(dead, "xid", 79)
+    make_gpu(make_node(state=NodeState.DOWN), **HEALTHY)
+    drained = make_node(state=NodeState.DRAINED)
+    make_gpu(drained, **HEALTHY)
+    make_node()  # no GPUs
+    make_gpu(make_node(placed=False), **{**HEALTHY, "gpu_temp": 90.0})
+
+    counts = health.fleet_counts(now=NOW)
+    nodes = health.node_health(now=NOW)
+
+    assert counts["nodes"] == Counter(h.state for h in nodes.values())
+    assert counts["gpus"] == Counter(h.state for h in health.gpu_health(now=NOW).values())
+    racks: dict = {}
+    for node in Node.objects.filter(rack__isnull=False):
+        racks.setdefault(node.rack_id, []).append(nodes[node.id].state)
+    assert counts["racks"] == Counter(health.rack_state_from(v) for v in racks.values())
+    assert set(counts["failed_gpu_ids"]) == {g for g, h in health.gpu_health(now=NOW).items() if h.state == "failed"}
+    assert ok_gpu.id not in counts["failed_gpu_ids"] and silent.id not in counts["failed_gpu_ids"]

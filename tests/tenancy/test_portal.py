@@ -258,7 +258,7 @@ def test_health_page_shows_own_alerts_and_gpus_with_open_faults(world, client):
     first = page[page.index("<tr data-uuid="):]
     first = first[:first.index("</tr>")]  # the worst GPU leads: failed, with its open fault
     assert 'data-uuid="GPU-node-101-0" data-health="failed"' in first and "XID 48" in first
-    assert "8 GPUs, 1 not healthy, 1 with an open fault." in page
+    assert "8 GPUs, 1 not OK, 1 with an open fault." in page
 
 
 def test_viewer_sees_the_portal_of_its_organisation(world, client):
