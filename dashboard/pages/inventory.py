@@ -227,4 +227,5 @@ def _state_badge(hit: dict) -> dict:
         return {"state_label": label.capitalize(), "state_colour": colour}
     if hit["kind"] == "tenant":
         return {"state_label": state.capitalize(), "state_colour": "#2e9d5b" if state == "running" else "#6c7a89"}
-    return {"state_label": HealthState(state).label, "state_colour": HealthState.colour(state)}
+    # Hardware: the health model's state, marked as every page marks it (`data-health`).
+    return {"state_label": HealthState(state).label, "state_colour": HealthState.colour(state), "health": state}
