@@ -54,6 +54,7 @@ METRICS: dict[str, Metric] = {
     **{f.name: _feature_metric("gpu", f) for f in F.GPU_FEATURES},
     **{f.name: _feature_metric("port", f) for f in F.PORT_FEATURES},
     "rack_power": Metric("rack power", "kW", 1e-3),
+    "inlet_temp": Metric("inlet temperature", "°C"),
     "step_time_s": Metric("step time", "s"),
     "loss": Metric("loss", ""),
     "grad_norm": Metric("gradient norm", ""),

@@ -4,8 +4,12 @@ Per GPU (`GPU_FEATURES`, 20 columns): levels (utilisation, clocks, temperatures,
 activity), counter rates per minute (SBE, PCIe replays, NVLink CRC/replay/recovery), the time spent
 throttled (share of the window's minutes with a clock-costing throttle reason), and the XID events
 of the last hour. Per port (`PORT_FEATURES`): link utilisation and the PortXmitWait and error
-rates. Everything is read with a few set-based queries (no query per entity): scoring all GPUs of
+rates. Per rack (`RACK_FEATURES`): the draw of its power feeds and their inlet air temperature.
+Everything is read with a few set-based queries (no query per entity): scoring all GPUs of
 a 16k-GPU fleet reads ~32k rollup rows.
+
+Own history (`own_history`, `job_history`, `rack_history`): the same rows, one every 15 minutes
+over the day before, for each entity's own-history model (refitted every 10 minutes, not every pass).
 
 "As of `at`" means the rollup buckets that ended at least a minute before `at` (their grace for
 late samples has passed) and no later, so the same call on the same data gives the same matrix
@@ -23,7 +27,7 @@ from django.db import connection
 
 from telemetry.fields import KINDS
 from telemetry.ingest import copybin
-from telemetry.models import Allocation, Gpu, GpuEvent, Job, Link, Node, Port
+from telemetry.models import Allocation, Gpu, GpuEvent, Job, Link, Node, Port, PowerDevice, Rack
 
 SCORE_WINDOW = timedelta(minutes=2)  # the newest complete buckets a pass averages
 SETTLE = timedelta(minutes=1)  # buckets younger than this may still be filling
@@ -255,40 +259,6 @@ def _thin(ids: np.ndarray, per: int) -> np.ndarray:
     return np.array(keep, dtype=np.int64)
 
 
-BASELINE_FEATURES = ("ecc_sbe_vol", "pcie_replay", "nvlink_crc_flit_errors", "nvlink_replay_errors",
-                     "nvlink_recovery_errors")
-
-
-def baseline_history(at: datetime, *, days: int = 7) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """History of the counter rates each GPU is compared with itself on: the same hour of day on
-    each of the last `days` days (1h rollups) and the last hour in 10-minute chunks (1m rollups),
-    excluding the scoring window. Returns (X, gpu ids, hour-of-day slot)."""
-    start, _ = score_window(at)
-    sk = KINDS["gpu"]
-    # NaN, not NULL, for a GPU-hour with no deltas: every field keeps its width, so the result is read
-    # as one numpy view (copybin.decode). This runs every 10 minutes in each worker child over up to
-    # 16k × 13 rows, which as Python tuples are ~1.4M short-lived objects. The 16k soak's worker memory
-    # stepped up after those refits; whether this read was the cause is not settled (README, soak).
-    rate = ", ".join(f"COALESCE(sum({f}_delta)::float8 / (count(*) * {{m}}), 'NaN')" for f in BASELINE_FEATURES)
-    hours = [at - timedelta(days=d) for d in range(1, days + 1)]
-    sql = f"""
-        SELECT gpu_id, extract(hour FROM bucket)::int4, {rate.format(m=60)} FROM {sk.rollup_table('1h')}
-        WHERE bucket = ANY(%(hours)s) GROUP BY gpu_id, bucket
-        UNION ALL
-        SELECT gpu_id, %(hod)s::int4, {rate.format(m=1)} FROM {sk.rollup_table('1m')}
-        WHERE bucket >= %(recent)s AND bucket < %(start)s GROUP BY gpu_id, time_bucket('10 minutes', bucket)"""
-    params = {"hours": [h.replace(minute=0, second=0, microsecond=0) for h in hours],
-              "hod": at.hour, "recent": start - timedelta(hours=1), "start": start}
-    types = ["int4", "int4", *["float8"] * len(BASELINE_FEATURES)]
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cur, cur.copy(
-            f"COPY ({sql}) TO STDOUT (FORMAT BINARY)", params) as cp:
-        payload = b"".join(cp)
-    ids, slots, *rates = copybin.decode(types, payload)
-    X = np.column_stack(rates) if len(ids) else np.empty((0, len(BASELINE_FEATURES)))
-    return X, ids, slots
-
-
 def port_matrix(at: datetime) -> Matrix:
     """One row per switch port that reported in the scoring window, with its switch and whether it
     is an uplink (its link ends on another switch) or a downlink (it ends on a node's HCA)."""
@@ -325,5 +295,198 @@ def _port_info() -> tuple[dict[int, tuple], set[int]]:
     return info, uplinks
 
 
-__all__ = ["GPU_FEATURES", "PORT_FEATURES", "BASELINE_FEATURES", "Feature", "Matrix", "gpu_matrix", "port_matrix",
-           "gpu_history", "baseline_history", "score_window"]
+# --- own history --------------------------------------------------------------------------------
+# Each GPU, switch port and rack is also judged against itself (`anomaly.scoring`). Its history is
+# HISTORY_ROWS windows shaped exactly like the pass's own (the SCORE_WINDOW average of 1-minute
+# buckets, the same SQL), one every HISTORY_EVERY over the day before the scoring window: a history
+# row and the row a pass scores are then the same statistic. (10-minute or hourly averages are
+# smoother than a 2-minute one, and a model fitted on smoother rows takes ordinary noise for news.)
+# A day spans the diurnal cycle of inlet air and batch queues; 96 rows keep the refit of a 16k-GPU
+# fleet within seconds (the detector's nearest-neighbour pool costs rows² per entity) and read 2 of
+# every 15 one-minute buckets.
+HISTORY_ROWS = 96
+HISTORY_EVERY = timedelta(minutes=15)
+_MINUTE = timedelta(minutes=1)
+
+
+def _pick(features: tuple[Feature, ...], *names: str) -> tuple[Feature, ...]:
+    by_name = {f.name: f for f in features}
+    return tuple(by_name[n] for n in names)
+
+
+# A GPU's own health, not its workload's: temperatures, power and clocks for how it runs, counter
+# rates for how it errs. Utilisation, framebuffer, SM/tensor/DRAM activity and NVLink/PCIe traffic
+# are left out: they follow whatever job holds the GPU, so a healthy GPU that starts new work moves
+# them by many σ of its own history. Utilisation still matters as a state (busy or idle: see
+# `anomaly.scoring`), and temperatures and power, which follow the load too, are only compared
+# with history rows from the same job and state. Throttling and XIDs have their own alerts.
+OWN_GPU_FEATURES = _pick(GPU_FEATURES, "gpu_temp", "memory_temp", "power_w", "sm_clock", "mem_clock", "ecc_sbe_vol",
+                         "pcie_replay", "nvlink_crc_flit_errors", "nvlink_replay_errors", "nvlink_recovery_errors")
+GPU_STATE = _pick(GPU_FEATURES, "gpu_util")
+# A port's own health is its error counters; its utilisation and PortXmitWait follow the traffic of
+# the jobs behind it (and are compared with peer ports instead).
+OWN_PORT_FEATURES = _pick(PORT_FEATURES, "symbol_errors", "link_error_recovery", "link_downed", "rcv_errors")
+RACK_FEATURES: tuple[Feature, ...] = (
+    Feature("rack_power", "watts_avg", "feeds", "rack power", "W"),
+    Feature("inlet_temp", "inlet_temp_avg", "feeds", "inlet temperature", "°C"),
+)
+
+
+def history_buckets(at: datetime) -> list[datetime]:
+    """The 1-minute buckets of the history windows before `at`'s scoring window, newest first."""
+    _, end = score_window(at)
+    width = SCORE_WINDOW // _MINUTE
+    return [end - k * HISTORY_EVERY - SCORE_WINDOW + i * _MINUTE for k in range(1, HISTORY_ROWS + 1)
+            for i in range(width)]
+
+
+def _row_sql() -> str:
+    """History row number of a bucket: 0 in the scoring window (ending at %(end)s), k in the window
+    HISTORY_EVERY × k earlier (valid while a window is shorter than the step between windows)."""
+    return (f"((extract(epoch FROM %(end)s::timestamptz - bucket)::int - 60)"
+            f" / {int(HISTORY_EVERY.total_seconds())})::int4")
+
+
+def own_history(kind: str, at: datetime, ids: np.ndarray, features: tuple[Feature, ...]) -> np.ndarray:
+    """(len(ids), HISTORY_ROWS, len(features)) float32 history of each entity of `kind` ("gpu" or
+    "port") in sorted `ids`, oldest row first, NaN where a window has no bucket or no value. One
+    query for all of `ids`, streamed (16k GPUs are 1.6M rows: never held as one payload)."""
+    sk = KINDS[kind]
+    cols = ", ".join(f"COALESCE(({_expr(f)})::float4, 'NaN')" for f in features)
+    sql = (f"SELECT {sk.entity_column}::int4, {_row_sql()}, {cols} FROM {sk.rollup_table('1m')} "
+           f"WHERE bucket = ANY(%(buckets)s) AND {sk.entity_column} = ANY(%(ids)s) GROUP BY 1, 2")
+    return _scatter(sql, {**_history_params(at), "ids": ids.tolist()}, ids, len(features))
+
+
+def _history_params(at: datetime) -> dict:
+    return {"buckets": history_buckets(at), "end": score_window(at)[1]}
+
+
+def _scatter(sql: str, params: dict, ids: np.ndarray, width: int) -> np.ndarray:
+    """Rows of (entity, history row, values...) from `sql` into an (ids, rows, values) array."""
+    _check_sorted(ids)
+    H = np.full((len(ids), HISTORY_ROWS, width), np.nan, dtype=np.float32)
+    if not len(ids):
+        return H
+    for entity, k, *values in _copy_columns(sql, params, ["int4", "int4", *["float4"] * width]):
+        pos = np.minimum(np.searchsorted(ids, entity), len(ids) - 1)
+        ok = (ids[pos] == entity) & (k >= 1) & (k <= HISTORY_ROWS)
+        H[pos[ok], HISTORY_ROWS - k[ok]] = np.column_stack(values)[ok]
+    return H
+
+
+def _check_sorted(ids: np.ndarray) -> None:
+    """History rows are matched to entities by binary search: the ids must be sorted and unique."""
+    if len(ids) > 1 and (np.diff(ids) <= 0).any():
+        raise ValueError("entity ids must be sorted and unique")
+
+
+def _copy_columns(sql: str, params: dict, types: list[str], block: int = 1 << 22):
+    """Yield the columns of a binary COPY of fixed-width, never-NULL fields a few MB at a time
+    (`copybin.decode` on each block), so a large read never holds its whole payload at once."""
+    row = 2 + sum(4 + copybin.WIRE[t].itemsize for t in types)
+    head = len(copybin.HEADER)
+    buf, started = bytearray(), False
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cur, cur.copy(
+            f"COPY ({sql}) TO STDOUT (FORMAT BINARY)", params) as cp:
+        for piece in cp:
+            buf += piece
+            if not started and len(buf) >= head:
+                extension = int.from_bytes(buf[15:19], "big")
+                if len(buf) < head + extension:
+                    continue
+                if not buf.startswith(copybin.SIGNATURE):
+                    raise ValueError("not a binary COPY stream")
+                del buf[:head + extension]
+                started = True
+            if started and len(buf) >= block + 2:  # keep the last 2 bytes: they may be the trailer
+                n = (len(buf) - 2) // row * row
+                yield copybin.decode(types, copybin.HEADER + bytes(buf[:n]) + copybin.TRAILER)
+                del buf[:n]
+    if not started:
+        raise ValueError("not a binary COPY stream")
+    yield copybin.decode(types, copybin.HEADER + bytes(buf))  # the rest ends with the trailer
+
+
+def job_history(at: datetime, ids: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+    """(codes (len(ids), HISTORY_ROWS) int32, {job key: code}): the job each GPU held through each
+    history window and the JOB_SETTLE before it, as `_jobs_at` decides for the pass's own window.
+    0: no job; -1: an allocation started or ended in that span (the window mixes two workloads)."""
+    _check_sorted(ids)
+    buckets = history_buckets(at)[::-1]  # oldest first
+    first = buckets[::SCORE_WINDOW // _MINUTE]
+    starts = np.array([b.timestamp() for b in first])
+    lo, hi = starts - JOB_SETTLE.total_seconds(), starts + SCORE_WINDOW.total_seconds()
+    touched = np.zeros((len(ids), HISTORY_ROWS), dtype=np.int16)
+    held = np.zeros((len(ids), HISTORY_ROWS), dtype=np.int32)
+    codes: dict[str, int] = {}
+    with connection.cursor() as cur:
+        cur.execute(f"""SELECT a.gpu_id, j.source || ':' || j.external_id, a.start, a."end"
+                        FROM {Allocation._meta.db_table} a JOIN {Job._meta.db_table} j ON j.id = a.job_id
+                        WHERE a.gpu_id = ANY(%(ids)s) AND a.start < %(to)s
+                          AND (a."end" IS NULL OR a."end" > %(from)s)""",
+                    {"from": first[0] - JOB_SETTLE, "to": first[-1] + SCORE_WINDOW, "ids": ids.tolist()})
+        rows = cur.fetchall()
+    for gpu, key, start, end in rows:
+        e = int(np.searchsorted(ids, gpu))
+        if e >= len(ids) or ids[e] != gpu:
+            continue
+        s, t = start.timestamp(), end.timestamp() if end else np.inf
+        touched[e, np.searchsorted(hi, s, "right"):np.searchsorted(lo, t, "left")] += 1
+        held[e, np.searchsorted(lo, s, "left"):np.searchsorted(hi, t, "right")] = codes.setdefault(key, len(codes) + 1)
+    return np.where(touched == 0, 0, np.where((touched == 1) & (held > 0), held, -1)).astype(np.int32), codes
+
+
+# Rack power: the PDUs feeding a rack (power shelves where it has no PDU), each PDU's watts split
+# evenly over the racks it feeds, and only when every feed reported in the window (one silent feed of
+# an A/B pair would halve the rack); inlet air: the mean of what its feeds' sensors read. Racks fed
+# only through their GPUs' power are left out: that sum follows the jobs, not the rack.
+_FEEDS, _DEVICE = PowerDevice.racks.through._meta.db_table, PowerDevice._meta.db_table
+_RACK_SQL = """
+WITH feed AS (
+    SELECT f.rack_id, f.powerdevice_id AS device_id, d.kind,
+           count(*) OVER (PARTITION BY f.powerdevice_id) AS shared
+    FROM {feeds} f JOIN {device} d ON d.id = f.powerdevice_id AND d.kind IN ('pdu', 'power_shelf')
+),
+src AS (
+    SELECT * FROM feed WHERE kind = 'pdu' OR rack_id NOT IN (SELECT rack_id FROM feed WHERE kind = 'pdu')
+),
+per AS (
+    SELECT s.rack_id, {row} AS k, s.device_id, avg(p.watts_avg)::float8 / s.shared AS watts,
+           avg(p.inlet_temp_avg)::float8 AS inlet
+    FROM src s JOIN {power} p ON p.device_id = s.device_id
+    WHERE p.bucket = ANY(%(buckets)s)
+    GROUP BY s.rack_id, 2, s.device_id, s.shared
+)
+SELECT per.rack_id::int4, per.k,
+       COALESCE(CASE WHEN count(per.watts) = max(n.feeds) THEN sum(per.watts) END, 'NaN')::float4,
+       COALESCE(avg(per.inlet), 'NaN')::float4
+FROM per JOIN (SELECT rack_id, count(*) AS feeds FROM src GROUP BY rack_id) n USING (rack_id)
+GROUP BY per.rack_id, per.k ORDER BY 1, 2"""
+
+
+def _rack_sql() -> str:
+    return _RACK_SQL.format(feeds=_FEEDS, device=_DEVICE, row=_row_sql().replace("bucket", "p.bucket"),
+                            power=KINDS["power"].rollup_table("1m"))
+
+
+def rack_matrix(at: datetime) -> Matrix:
+    """One row per rack with a power feed that reported in the scoring window: its draw and inlet air."""
+    start, end = score_window(at)
+    buckets = [start + i * _MINUTE for i in range(SCORE_WINDOW // _MINUTE)]
+    blocks = _copy_columns(_rack_sql(), {"buckets": buckets, "end": end}, ["int4", "int4", "float4", "float4"])
+    cols = [np.concatenate(c) for c in zip(*blocks, strict=True)]
+    ids, X = cols[0].astype(np.int64), np.column_stack(cols[2:])
+    names = dict(Rack.objects.filter(pk__in=ids.tolist()).values_list("pk", "name"))
+    return Matrix(ids, X, RACK_FEATURES, {"name": np.array([names.get(int(i), str(i)) for i in ids], dtype=object)})
+
+
+def rack_history(at: datetime, ids: np.ndarray) -> np.ndarray:
+    """(len(ids), HISTORY_ROWS, 2) float32 history of the racks in sorted `ids`, as `rack_matrix` reads them."""
+    return _scatter(_rack_sql(), _history_params(at), ids, len(RACK_FEATURES))
+
+
+__all__ = ["GPU_FEATURES", "PORT_FEATURES", "OWN_GPU_FEATURES", "OWN_PORT_FEATURES", "RACK_FEATURES", "Feature",
+           "Matrix", "gpu_matrix", "port_matrix", "rack_matrix", "gpu_history", "own_history", "job_history",
+           "rack_history", "history_buckets", "score_window"]

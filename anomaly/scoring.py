@@ -1,26 +1,36 @@
 """The per-minute scoring pass: every detector on the fleet as of `at`, findings stored as events.
 
-1. Load the GPU and port feature matrices as of `at` (`anomaly.features`).
+1. Load the GPU, port and rack feature matrices as of `at` (`anomaly.features`).
 2. GPUs: peers in the same node running the same job (or idle together), else peers in the same
-   job; their own time-of-day baseline for error rates; the active cohort model (if trained).
-3. Ports: each switch port against the other ports of its switch (a link against its leaf).
-4. Racks: power against the rack's cap. Jobs: stragglers and divergence (`anomaly.jobs`).
+   job; their own history; the active cohort model (if trained).
+3. Ports: each switch port against the other ports of its switch (a link against its leaf), and
+   against its own history.
+4. Racks: power against the rack's cap, and power and inlet air against the rack's own history.
+   Jobs: stragglers and divergence (`anomaly.jobs`).
 5. Record all findings in one `do_record_findings` call, so events open, extend and close together.
 Detector code stays pure; this module only moves arrays between the loaders and the actions.
+
+Own history (AnomalyKind.BASELINE) is the detector `anomaly_eval` measures, with its settings,
+through `anomaly.detectors.own_history.OwnHistory`: fitted on each entity's last day
+(`features.own_history`) at most every REFIT_EVERY per process (in groups spread over the passes),
+and between refits each pass scores the entity's newest row against its own threshold. A GPU is
+compared only with its own rows from the job and busy/idle state it is in now (its regime):
+temperatures, power and clocks follow the work, and a GPU that started a new job is not a GPU that
+changed.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import numpy as np
 from sklearn.exceptions import NotFittedError
 
 from anomaly import features as F
 from anomaly.actions import do_record_findings
-from anomaly.detectors.baseline import SeasonalRobustBaseline
+from anomaly.detectors.own_history import OwnHistory
 from anomaly.detectors.peer import PeerDeviation
 from anomaly.findings import Contribution, Finding
 from anomaly.models import AnomalyKind
@@ -50,11 +60,16 @@ PORT_SCALE_FLOOR = {"link_util": 2.0, "xmit_wait": 1e5, "symbol_errors": 1.0, "l
                     "link_downed": 0.5, "rcv_errors": 1.0}
 PORT_MIN_DELTA = {"link_util": 25.0, "xmit_wait": 1e6, "symbol_errors": 5.0, "link_error_recovery": 1.0,
                   "link_downed": 1.0, "rcv_errors": 5.0}
-# Error rates compared with the GPU's own history: σ floors in errors per minute.
-BASELINE_FLOOR = {"ecc_sbe_vol": 1.0, "pcie_replay": 1.0, "nvlink_crc_flit_errors": 1.0, "nvlink_replay_errors": 1.0,
-                  "nvlink_recovery_errors": 0.5}
 Z_THRESHOLD = 6.0
 TOP = 3
+OWN_BASIS = "own history"
+REFIT_EVERY = timedelta(minutes=10)
+# A refit of 16k GPUs costs ~20 s of CPU and a read of ~3M rollup rows, one of 64k ports several
+# times the read: done in one pass, it would hold up that minute's scoring. So each kind is refitted
+# in groups of entities (by id), each group in its own pass, and GPUs and ports in different passes:
+# the GPU groups at minutes 0, 2, 4, 6, 8 of every ten, the port groups at 1, 3, 5, 7, 9.
+REFIT_GROUPS = {"gpu": 5, "port": 5, "rack": 1}
+REFIT_OFFSET = {"gpu": timedelta(0), "port": timedelta(minutes=1), "rack": timedelta(0)}
 
 
 def score_fleet(at: datetime) -> dict:
@@ -86,14 +101,16 @@ def _gpu_findings(at: datetime) -> tuple[list[Finding], set[str]]:
         kinds.add(AnomalyKind.COHORT)
     if not len(m):
         return [], kinds
-    return gpu_findings(m, baseline=_baseline(at), cohort=active and active[1], hour=at.hour), kinds
+    own = _own_models("gpu", at, m, lambda sub: fit_gpu_history(sub, *_gpu_history(at, sub)))
+    return gpu_findings(m, own=own, cohort=active and active[1]), kinds
 
 
-def gpu_findings(m: F.Matrix, *, baseline: SeasonalRobustBaseline | None, cohort, hour: int) -> list[Finding]:
+def gpu_findings(m: F.Matrix, *, own: list[OwnHistory], cohort) -> list[Finding]:
     """Every GPU detector on one feature matrix: pure arrays in, findings out (what bench/anomaly times)."""
     found = gpu_peer_findings(m)
-    if baseline is not None:
-        found += _baseline_findings(m, baseline, hour)
+    regimes = gpu_regimes(m) if own else None
+    for models in own:
+        found += own_findings(models, m, F.OWN_GPU_FEATURES, "gpu", regimes=regimes)
     if cohort is not None:
         try:
             found += _cohort_findings(m, cohort)
@@ -143,37 +160,105 @@ def _flag(m: F.Matrix, z: np.ndarray, expected: np.ndarray, kind: str, basis: st
     return out
 
 
-_BASELINE_CACHE: dict[str, tuple] = {}
+# --- own history -------------------------------------------------------------------------------
+
+_OWN_CACHE: dict[str, tuple] = {}
 
 
 def clear_caches() -> None:
-    """Forget the memoised baseline and inventory (tests, and a replay that moves to other data)."""
-    _BASELINE_CACHE.clear()
+    """Forget the memoised own-history models and inventory (tests, and a replay that moves to other data)."""
+    _OWN_CACHE.clear()
     F._MEMO.clear()
 
 
-def _baseline(at: datetime) -> SeasonalRobustBaseline | None:
-    """The fitted own-history baseline, refitted at most every 10 minutes per process."""
-    key = at.strftime("%Y%m%d%H") + str(at.minute // 10)
-    hit = _BASELINE_CACHE.get("fit")
-    if hit and hit[0] == key:
-        return hit[1]
-    X, ids, slots = F.baseline_history(at)
-    det = None
-    if len(X):
-        det = SeasonalRobustBaseline(min_points=3, z_threshold=Z_THRESHOLD,
-                                     scale_floor=[BASELINE_FLOOR[f] for f in F.BASELINE_FEATURES]).fit(X, ids, slots)
-    _BASELINE_CACHE["fit"] = (key, det)
-    return det
+def _own_models(kind: str, at: datetime, m: F.Matrix, fit) -> list[OwnHistory]:
+    """The own-history models of the entities of `m`, one OwnHistory per refit group (entity id
+    modulo REFIT_GROUPS[kind]), each refitted by `fit(sub-matrix)` at most every REFIT_EVERY per
+    process, in the pass its turn falls in (a new process fits every group in its first pass)."""
+    n = REFIT_GROUPS[kind]
+    cache = _OWN_CACHE.setdefault(kind, {})
+    for g in range(n):
+        slot = (at - REFIT_OFFSET[kind] - g * REFIT_EVERY / n).timestamp() // REFIT_EVERY.total_seconds()
+        if g in cache and cache[g][0] == slot:
+            continue
+        cache.pop(g, None)  # the old models go before the new ones are fitted: never both in memory
+        rows = m.ids % n == g
+        t = time.process_time()
+        model = fit(F.Matrix(m.ids[rows], m.X[rows], m.features, {k: v[rows] for k, v in m.context.items()}))
+        logger.info("own history, %s group %d/%d: %d of %d have enough history; fitted in %.1f s CPU", kind, g + 1,
+                    n, int(np.isfinite(model.thresholds_).sum()), model.n_entities_, time.process_time() - t)
+        cache[g] = (slot, model)
+    return [cache[g][1] for g in range(n)]
 
 
-def _baseline_findings(m: F.Matrix, det: SeasonalRobustBaseline, hour: int) -> list[Finding]:
-    cols = [next(i for i, f in enumerate(m.features) if f.name == n) for n in F.BASELINE_FEATURES]
-    X = m.X[:, cols]
-    z, expected = det.deviations(X, m.ids, np.full(len(m), hour))
-    z = np.where(X > expected, z, 0.0)  # fewer errors than usual is never a problem
-    sub = F.Matrix(m.ids, X, tuple(m.features[c] for c in cols), m.context)
-    return _flag(sub, z, expected, AnomalyKind.BASELINE, "own baseline")
+def gpu_regimes(m: F.Matrix) -> np.ndarray:
+    """Each GPU's regime: its job (or none) and whether it is busy; "" while it is changing jobs."""
+    util = m.X[:, [f.name for f in m.features].index("gpu_util")]
+    busy = np.where(np.nan_to_num(util, nan=0.0) >= F.BUSY_UTIL, "|busy", "|idle")
+    return np.where(m.context["settled"], np.char.add(m.context["job"].astype(str), busy), "").astype(object)
+
+
+def _gpu_history(at: datetime, m: F.Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """(H of OWN_GPU_FEATURES, busy (E, rows), job codes (E, rows), {job: code}) for the GPUs of `m`."""
+    H = F.own_history("gpu", at, m.ids, F.OWN_GPU_FEATURES + F.GPU_STATE)
+    jobs, codes = F.job_history(at, m.ids)
+    return H[:, :, :-1], np.nan_to_num(H[:, :, -1], nan=0.0) >= F.BUSY_UTIL, jobs, codes
+
+
+def fit_gpu_history(m: F.Matrix, H: np.ndarray, busy: np.ndarray, jobs: np.ndarray,
+                    codes: dict[str, int]) -> OwnHistory:
+    """Own-history models of the GPUs of `m` (ids sorted), each on its history rows in its current
+    regime (H's rows from other regimes are set to NaN in place: a copy would be ~60 MB at 16k GPUs)."""
+    regimes = gpu_regimes(m)
+    job_now = np.array([codes.get(j, -2) if j else 0 for j in m.context["job"]])
+    busy_now = np.char.endswith(regimes.astype(str), "|busy")
+    same = (jobs == job_now[:, None]) & (busy == busy_now[:, None]) & (regimes != "")[:, None]
+    H[~same] = np.nan
+    return OwnHistory(positive_only=_rates(F.OWN_GPU_FEATURES)).fit(m.ids, H, regimes)
+
+
+def _rates(features: tuple[F.Feature, ...]) -> list[int]:
+    """Counter-rate columns: fewer errors than usual is never a problem."""
+    return [j for j, f in enumerate(features) if f.how == "rate"]
+
+
+def own_findings(own: OwnHistory, m: F.Matrix, features: tuple[F.Feature, ...], entity_kind: str, *,
+                 regimes: np.ndarray | None = None) -> list[Finding]:
+    """BASELINE findings for the rows of `m` beyond their own threshold, explained by the features
+    that deviate most from the entity's own history."""
+    names = [f.name for f in m.features]
+    X = m.X[:, [names.index(f.name) for f in features]]
+    hit = own.flag(m.ids, X, regimes)
+    out = []
+    for k, i in enumerate(hit.rows):
+        # Recorded only when a metric is Z_THRESHOLD σ or more from what the entity's own history
+        # expected, the rule every fleet finding follows: the detector's 10⁻³ risk per row is its
+        # measured setting, but fitted on a day of 15-minute windows (96 rows) the threshold is a
+        # small-sample estimate that lets ~0.6 % of noise-only GPUs through each pass (bench/anomaly),
+        # ~100 events a minute at 16k GPUs. A positive-only feature below its expectation was scored
+        # at it (z 0), so it is never a reason.
+        top = [(int(j), float(z)) for j, z in zip(hit.features[k], hit.z[k], strict=True)
+               if np.isfinite(z) and abs(z) >= Z_THRESHOLD]
+        if not top:
+            continue
+        contributions = tuple(Contribution(features[j].name, features[j].label, float(X[i, j]),
+                                           float(hit.expected[k, j]), z, OWN_BASIS) for j, z in top)
+        entity, host = _entity(m, i, entity_kind)
+        # 0.5 at the threshold, 1 at twice it; a threshold under 1 counts as 1 (a constant history's is 0).
+        unit = max(float(hit.thresholds[k]), 1.0)
+        score = min(1.0, 0.5 + 0.5 * (float(hit.scores[k]) - float(hit.thresholds[k])) / unit)
+        out.append(Finding(AnomalyKind.BASELINE, entity_kind, entity, score, contributions, host=host))
+    return out
+
+
+def _entity(m: F.Matrix, i: int, entity_kind: str) -> tuple[str, str]:
+    """(entity id, host) as the other detectors of the kind name them: a GPU's UUID, a port's
+    database id (its switch and name as host), a rack's name."""
+    if entity_kind == "gpu":
+        return str(m.context["uuid"][i]), str(m.context["host"][i])
+    if entity_kind == "port":
+        return str(m.ids[i]), str(m.context["name"][i])
+    return str(m.context["name"][i]), ""
 
 
 def _cohort_findings(m: F.Matrix, det) -> list[Finding]:
@@ -207,14 +292,22 @@ def _cohort_findings(m: F.Matrix, det) -> list[Finding]:
 # --- ports, racks, jobs ---------------------------------------------------------------------
 
 def _port_findings(at: datetime) -> tuple[list[Finding], set[str]]:
+    kinds = {AnomalyKind.PEER_LEAF, AnomalyKind.BASELINE}
+    m = F.port_matrix(at)
+    if not len(m):
+        return [], kinds
+    own = _own_models("port", at, m, lambda sub: OwnHistory(positive_only=_rates(F.OWN_PORT_FEATURES)).fit(
+        sub.ids, F.own_history("port", at, sub.ids, F.OWN_PORT_FEATURES)))
+    return port_peer_findings(m) + [f for models in own for f in own_findings(models, m, F.OWN_PORT_FEATURES,
+                                                                                "port")], kinds
+
+
+def port_peer_findings(m: F.Matrix) -> list[Finding]:
     """Leaf uplinks: PortXmitWait against every leaf uplink of the fleet (ECMP spreads load evenly,
     and a congested leaf backs up all its uplinks at once, so its own leaf is no yardstick for
     waiting) and utilisation against the other uplinks of the same leaf. Every other switch port
     (downlinks carry their node's job; a spine's ports carry different leaves) is judged on its
     error counters only, against the other ports of its switch on the same side."""
-    m = F.port_matrix(at)
-    if not len(m):
-        return [], {AnomalyKind.PEER_LEAF}
     names = [f.name for f in m.features]
     det = PeerDeviation(min_delta=[PORT_MIN_DELTA[n] for n in names], scale_floor=[PORT_SCALE_FLOOR[n] for n in names],
                         z_threshold=Z_THRESHOLD).fit(m.X)
@@ -231,7 +324,7 @@ def _port_findings(at: datetime) -> tuple[list[Finding], set[str]]:
     for basis, rows in (("leaf uplinks", leaf_up), ("ports on its switch", ~leaf_up)):
         sub = F.Matrix(m.ids[rows], m.X[rows], m.features, {k: v[rows] for k, v in m.context.items()})
         out += _flag(sub, z[rows], expected[rows], AnomalyKind.PEER_LEAF, basis)
-    return out, {AnomalyKind.PEER_LEAF}
+    return out
 
 
 def _rack_findings(at: datetime) -> tuple[list[Finding], set[str]]:
@@ -245,7 +338,11 @@ def _rack_findings(at: datetime) -> tuple[list[Finding], set[str]]:
         c = Contribution("rack_power", "rack power", r["draw_w"], r["cap_w"], (pct - 100) / 5, "its cap")
         out.append(Finding(AnomalyKind.RACK_POWER, "rack", r["name"], float(min(1.0, 0.5 + (pct - 100) / 20)), (c,),
                            summary=f"rack power {pct:.0f}% of its {r['cap_w'] / 1000:.1f} kW cap"))
-    return out, {AnomalyKind.RACK_POWER}
+    m = F.rack_matrix(at)
+    if len(m):
+        own = _own_models("rack", at, m, lambda sub: OwnHistory().fit(sub.ids, F.rack_history(at, sub.ids)))
+        out += [f for models in own for f in own_findings(models, m, F.RACK_FEATURES, "rack")]
+    return out, {AnomalyKind.RACK_POWER, AnomalyKind.BASELINE}
 
 
 def _job_findings(at: datetime) -> tuple[list[Finding], set[str]]:

@@ -1,4 +1,6 @@
-"""Loaders for labelled anomaly benchmarks, and the evaluation of one series.
+"""Loaders for labelled anomaly benchmarks, and the evaluation of one series by three detectors: ours, a
+default IsolationForest (mean over seeds) and a random scorer (mean over seeds), all thresholded by the
+same label-free rule on their own train scores.
 
 SMD-style layout: ``DIR/train/<name>``, ``DIR/test/<name>``, ``DIR/test_label/<name>``: comma-separated
 numbers, no header, one row per time step; the label file holds one 0/1 per test row. A name counts when
@@ -13,12 +15,15 @@ Bad input raises `BenchmarkError` naming the file, the line and the value at fau
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from sklearn.ensemble import IsolationForest
 
-from anomaly.evaluation.metrics import SeriesScores, detection_delays, score_series
+from anomaly.detectors.multivariate import RobustMultivariateDetector, learned_threshold
+from anomaly.evaluation.metrics import SeriesScores, average_scores, best_f1, detection_delays, score_series
 
 FOLDERS = ("train", "test", "test_label")
 
@@ -145,23 +150,123 @@ def _raise_first_bad_row(path: Path, cells: list[list[str]]) -> None:
 
 # --- Evaluating one series -----------------------------------------------------------------------
 
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+DETECTORS = ("ours", "baseline", "random")  # the keys of SeriesResult.runs and of every report
+
+
+@dataclass(frozen=True)
+class Detections:
+    """Every detector's 0/1 output on one series' test rows; one array per seed for the seeded ones."""
+
+    seeds: tuple[int, ...]
+    ours: np.ndarray
+    ours_scores: np.ndarray  # higher = more anomalous, for the label-read best-F1 bound
+    baseline: list[np.ndarray]
+    baseline_scores: np.ndarray  # the first seed's, for its best-F1 bound
+    random: list[np.ndarray]
+    cpu_seconds: float  # process time of our fit + predict, nothing else
+    fitted_rows: int  # the rows our detector fitted on and scored (train + test)
+
+
+def run_detectors(train: np.ndarray, test: np.ndarray, *, seeds, params: dict) -> Detections:
+    """Fit our detector, an IsolationForest per seed and a random scorer per seed on `train`, each
+    thresholded by the same label-free rule (`params`: threshold, threshold_level, threshold_risk)
+    on its own train scores, and flag `test`."""
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ValueError("at least one seed is needed")
+    started = time.process_time()
+    detector = RobustMultivariateDetector(**params).fit(train)
+    ours = detector.predict(test)
+    cpu_seconds = time.process_time() - started
+    forests = [forest_detections(train, test, seed, params) for seed in seeds]
+    return Detections(
+        seeds=seeds, ours=ours, ours_scores=detector.score_samples(test),
+        baseline=[flags for flags, _ in forests], baseline_scores=forests[0][1],
+        random=[random_detections(len(train), len(test), seed, params) for seed in seeds],
+        cpu_seconds=cpu_seconds, fitted_rows=len(train) + len(test),
+    )
+
+
+def forest_detections(train: np.ndarray, test: np.ndarray, seed: int, params: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A default `IsolationForest(random_state=seed)`: its 0/1 flags and scores on `test`. Its score is
+    negated so that, like ours, higher = more anomalous; the threshold is our rule on its train scores."""
+    forest = IsolationForest(random_state=seed).fit(train)
+    threshold = _threshold(-forest.score_samples(train), params)
+    scores = -forest.score_samples(test)
+    return (scores > threshold).astype(np.int64), scores
+
+
+def random_detections(n_train: int, n_test: int, seed: int, params: dict) -> np.ndarray:
+    """The floor any detector must clear: train then test scores drawn i.i.d. uniform(0, 1) from
+    `default_rng(seed)`, thresholded by the same rule on the random train scores."""
+    rng = np.random.default_rng(seed)
+    threshold = _threshold(rng.uniform(size=n_train), params)
+    return (rng.uniform(size=n_test) > threshold).astype(np.int64)
+
+
+def _threshold(train_scores: np.ndarray, params: dict) -> float:
+    return learned_threshold(train_scores, method=params["threshold"], level=params["threshold_level"],
+                             risk=params["threshold_risk"])
+
+
+@dataclass(frozen=True)
+class DetectorRun:
+    """One detector's scores on one series, with the detection delays that make pooled medians. For a
+    seeded detector the scores are the mean over seeds (delays pooled), and `per_seed` holds each seed's."""
+
+    scores: SeriesScores
+    delays: np.ndarray
+    per_seed: tuple[SeriesScores, ...] = ()
+
+
+def score_run(labels: np.ndarray, flags: np.ndarray) -> DetectorRun:
+    return DetectorRun(scores=score_series(labels, flags), delays=detection_delays(labels, flags))
+
+
+def mean_run(runs: list[DetectorRun]) -> DetectorRun:
+    """The seed mean: ratios averaged, delays pooled (their median is the run's median delay)."""
+    delays = [r.delays for r in runs]
+    return DetectorRun(scores=average_scores([r.scores for r in runs], delays),
+                       delays=np.concatenate(delays), per_seed=tuple(r.scores for r in runs))
+
+
+
+
 @dataclass(frozen=True)
 class SeriesResult:
-    """Both detectors' scores on one series, plus the delays that make the pooled median."""
+    """Our detector, the IsolationForest (mean over seeds) and the random scorer (mean over seeds) on
+    one series, scored on its `rows` scored rows."""
 
     name: str
-    ours: SeriesScores
-    baseline: SeriesScores
-    ours_delays: np.ndarray
-    baseline_delays: np.ndarray
+    rows: int
+    runs: dict[str, DetectorRun]  # keyed by DETECTORS
+    best_f1: dict[str, float]  # UPPER BOUNDS, thresholds read off the labels: "ours" and "baseline"
+    seeds: tuple[int, ...]
+    cpu_seconds: float
+    fitted_rows: int
 
 
-def evaluate_predictions(name: str, labels: np.ndarray, ours: np.ndarray, baseline: np.ndarray) -> SeriesResult:
-    """Score two detectors' 0/1 predictions for one labelled series."""
-    return SeriesResult(
-        name=name, ours=score_series(labels, ours), baseline=score_series(labels, baseline),
-        ours_delays=detection_delays(labels, ours), baseline_delays=detection_delays(labels, baseline),
-    )
+def score_detections(name: str, labels: np.ndarray, found: Detections, *, scored_from: int = 0) -> SeriesResult:
+    """Score every detector's flags for one series against `labels` (one per test row), counting only
+    rows from `scored_from` on (NAB's probation rows are fitted on, not scored)."""
+    cut = slice(scored_from, None)
+    labels = np.asarray(labels)[cut]
+    runs = {
+        "ours": score_run(labels, found.ours[cut]),
+        "baseline": mean_run([score_run(labels, flags[cut]) for flags in found.baseline]),
+        "random": mean_run([score_run(labels, flags[cut]) for flags in found.random]),
+    }
+    bounds = {"ours": best_f1(labels, found.ours_scores[cut]), "baseline": best_f1(labels, found.baseline_scores[cut])}
+    return SeriesResult(name=name, rows=int(labels.size), runs=runs, best_f1=bounds, seeds=found.seeds,
+                        cpu_seconds=found.cpu_seconds, fitted_rows=found.fitted_rows)
+
+
+def overall_scores(results: list[SeriesResult]) -> dict[str, SeriesScores]:
+    """Per detector, the unweighted mean over series; the delay is the median over every detected
+    event of every series (and, for the seeded detectors, of every seed)."""
+    return {key: average_scores([r.runs[key].scores for r in results], [r.runs[key].delays for r in results])
+            for key in DETECTORS}
 
 
 # --- NAB ----------------------------------------------------------------------------------------

@@ -159,6 +159,11 @@ def _scaled_sigmoids(positions: np.ndarray) -> np.ndarray:
     return np.where(positions >= 3.0, -1.0, values)
 
 
+def window_labels(n_rows: int, windows: list[tuple[int, int]]) -> np.ndarray:
+    """0/1 per row: 1 inside any inclusive (first, last) row window, the labels of the point metrics."""
+    return _window_mask(n_rows, windows).astype(np.int64)
+
+
 def _window_mask(n_rows: int, windows: list[tuple[int, int]]) -> np.ndarray:
     mask = np.zeros(n_rows, dtype=bool)
     for first, last in windows:
@@ -168,5 +173,5 @@ def _window_mask(n_rows: int, windows: list[tuple[int, int]]) -> np.ndarray:
 
 __all__ = [
     "STANDARD_PROFILE", "CostMatrix", "NabScore", "alert_onsets", "combine", "normalized_score",
-    "probation_length", "scaled_sigmoid", "scaled_values", "score_series", "window_rows",
+    "probation_length", "scaled_sigmoid", "scaled_values", "score_series", "window_labels", "window_rows",
 ]

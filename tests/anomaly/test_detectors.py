@@ -8,7 +8,6 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from anomaly.detectors._robust import MAD_TO_SIGMA, grouped_median_mad
-from anomaly.detectors.baseline import SeasonalRobustBaseline
 from anomaly.detectors.cohort import CohortIsolationForest
 from anomaly.detectors.peer import PeerDeviation
 
@@ -23,16 +22,14 @@ def _node_fleet(n_nodes=32, per=8, f=3):
 
 @pytest.mark.parametrize("est, fit_args", [
     (PeerDeviation(min_peers=3, z_threshold=5.0, min_delta=[1, 2, 3], floor_fraction=0.1, scale_floor=0.5), ()),
-    (SeasonalRobustBaseline(period=24, min_points=4, z_threshold=5.0, scale_floor=[1, 1, 1]), ("series", "slot")),
     (CohortIsolationForest(n_estimators=20, quantile=0.01, margin=0.0, min_rows=10, random_state=3), ("cohort",)),
 ])
 def test_estimators_keep_params_fit_returns_self_and_refuse_to_score_unfitted(est, fit_args):
     X, groups = _node_fleet()
-    args = {"series": groups, "slot": np.zeros(len(X), dtype=int), "cohort": np.array(["h100"] * len(X))}
+    args = {"cohort": np.array(["h100"] * len(X))}
     params = est.get_params()
     with pytest.raises(NotFittedError):
-        est.deviations(X, *[args[a] for a in (fit_args or ("series",))][:1] or [groups]) if fit_args != (
-            "series", "slot") else est.deviations(X, groups, args["slot"])
+        est.deviations(X, groups)
     fitted = est.fit(X, *[args[a] for a in fit_args])
     assert fitted is est
     assert est.get_params() == params  # keyword-only params are stored unchanged
@@ -72,26 +69,6 @@ def test_grouped_median_mad_matches_numpy_per_group_for_mixed_group_sizes():
         assert np.allclose(med[groups == g], m)
         assert np.allclose(mad[groups == g], np.median(np.abs(rows - m), axis=0) * MAD_TO_SIGMA)
         assert (size[groups == g] == len(rows)).all()
-
-
-def test_seasonal_baseline_uses_the_same_hour_and_falls_back_to_the_series():
-    # Series 1: 2 errors/min at 03:00 on 5 days, 20 errors/min at 15:00 on 5 days (a nightly batch).
-    X = np.array([[2.0]] * 5 + [[20.0]] * 5)
-    series = np.ones(10, dtype=int)
-    slot = np.array([3] * 5 + [15] * 5)
-    det = SeasonalRobustBaseline(min_points=5, scale_floor=1.0).fit(X, series, slot)
-    z, expected = det.deviations(np.array([[20.0], [20.0], [20.0]]), np.array([1, 1, 2]), np.array([3, 15, 3]))
-    assert expected[0, 0] == 2.0 and z[0, 0] == pytest.approx(18.0)  # 20 at 03:00 is 18σ (floor 1)
-    assert expected[1, 0] == 20.0 and z[1, 0] == 0.0  # 20 at 15:00 is normal
-    assert np.isnan(z[2, 0])  # series 2 has no history
-    det2 = SeasonalRobustBaseline(min_points=6, scale_floor=1.0).fit(X, series, slot)
-    _, exp2 = det2.deviations(np.array([[20.0]]), np.array([1]), np.array([3]))
-    assert exp2[0, 0] == pytest.approx(11.0)  # slot too thin (5 < 6): the series median over all 10
-
-
-def test_seasonal_baseline_rejects_slots_outside_the_period():
-    with pytest.raises(ValueError, match="slot values"):
-        SeasonalRobustBaseline(period=24).fit(np.ones((2, 1)), [1, 1], [0, 24])
 
 
 def test_cohort_forest_flags_an_impossible_combination_and_explains_it():

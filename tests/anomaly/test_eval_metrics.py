@@ -9,10 +9,16 @@ import pytest
 
 from anomaly.evaluation.metrics import (
     average_scores,
+    best_f1,
     detection_delays,
+    event_f1,
     event_precision,
     event_recall,
     median_delay,
+    pa_k_adjust,
+    pa_k_auc,
+    pa_k_curve,
+    pa_k_f1,
     point_adjust,
     point_adjusted_f1,
     point_f1,
@@ -89,8 +95,18 @@ def test_metrics_without_predictions_are_zero_and_delay_nan():
 
 def test_perfect_prediction_scores_one_everywhere():
     scores = score_series(TRUTH, TRUTH)
-    assert (scores.f1, scores.pa_f1, scores.event_precision, scores.event_recall) == (1.0, 1.0, 1.0, 1.0)
+    ratios = {k: v for k, v in scores.as_dict().items() if k != "median_delay"}
+    assert ratios == dict.fromkeys(ratios, 1.0)
+    assert set(ratios) == {"f1", "pa_f1", "pa_k20", "pa_k_auc", "event_precision", "event_recall", "event_f1"}
     assert scores.median_delay == 0.0
+
+
+def test_score_series_holds_the_hand_worked_figures():
+    # f1 0.25, pa_f1 0.6 (above); event 1/3 and 1/2 -> event F1 0.4; the segment 1-3 is 1/3 flagged, so
+    # it is credited at K = 20 (PA%K20 = PA-F1 = 0.6); the AUC is worked in test_pa_k_auc_...
+    scores = score_series(TRUTH, PRED)
+    assert (scores.f1, scores.pa_f1, scores.pa_k20) == pytest.approx((0.25, 0.6, 0.6))
+    assert (scores.event_f1, scores.pa_k_auc) == pytest.approx((0.4, 0.36725))
 
 
 def test_average_scores_means_ratios_and_pools_delays():
@@ -98,7 +114,103 @@ def test_average_scores_means_ratios_and_pools_delays():
     overall = average_scores([a, b], [np.array([1]), np.array([0, 0])])
     assert overall.f1 == pytest.approx((0.25 + 1.0) / 2)
     assert overall.pa_f1 == pytest.approx((0.6 + 1.0) / 2)
+    assert overall.pa_k20 == pytest.approx((0.6 + 1.0) / 2)
+    assert overall.pa_k_auc == pytest.approx((0.36725 + 1.0) / 2)
+    assert overall.event_f1 == pytest.approx((0.4 + 1.0) / 2)  # mean of the F1s, not F1 of the means
     assert overall.median_delay == 0.0  # median of the pooled delays [1, 0, 0]
+
+
+# --- PA%K, event F1, best F1 -----------------------------------------------------------------------
+#                index: 0  1  2  3  4  5  6  7  8  9 10 11
+THIRTY = np.array([0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0])  # one true segment: rows 1-10 (10 rows)
+THIRTY_PRED = np.array([0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 1])  # 3 of its 10 rows (30 %) plus a false alarm
+
+
+def test_pa_k_at_zero_is_point_adjusted_f1_and_at_hundred_is_point_f1():
+    assert pa_k_f1(TRUTH, PRED, 0) == pytest.approx(point_adjusted_f1(TRUTH, PRED)) == pytest.approx(0.6)
+    assert pa_k_f1(TRUTH, PRED, 100) == pytest.approx(point_f1(TRUTH, PRED)) == pytest.approx(0.25)
+    assert pa_k_adjust(TRUTH, PRED, 0).tolist() == point_adjust(TRUTH, PRED).tolist()
+    assert pa_k_adjust(TRUTH, PRED, 100).astype(int).tolist() == PRED.tolist()
+
+
+def test_pa_k_credits_a_thirty_percent_segment_at_k20_not_at_k40():
+    # K = 20: 30 % >= 20 % -> the 10 rows count: tp 10, predicted 10 + 1 false alarm = 11, actual 10 -> 20/21
+    assert pa_k_adjust(THIRTY, THIRTY_PRED, 20).astype(int).tolist() == [0] + [1] * 10 + [1]
+    assert pa_k_f1(THIRTY, THIRTY_PRED, 20) == pytest.approx(20 / 21)
+    # K = 40: not credited: tp 3, predicted 4, actual 10 -> P 3/4, R 3/10 -> F1 = 2 * 3 / (4 + 10) = 3/7
+    assert pa_k_adjust(THIRTY, THIRTY_PRED, 40).astype(int).tolist() == THIRTY_PRED.tolist()
+    assert pa_k_f1(THIRTY, THIRTY_PRED, 40) == pytest.approx(3 / 7)
+    # "at least K %": exactly 30 % counts at K = 30, not at K = 31
+    assert pa_k_f1(THIRTY, THIRTY_PRED, 30) == pytest.approx(20 / 21)
+    assert pa_k_f1(THIRTY, THIRTY_PRED, 31) == pytest.approx(3 / 7)
+
+
+def test_pa_k_needs_a_flagged_row_even_at_k0():
+    assert pa_k_f1(THIRTY, np.zeros_like(THIRTY), 0) == 0.0
+
+
+def test_pa_k_curve_matches_adjust_then_f1_for_every_k():
+    rng = np.random.default_rng(7)
+    truth = (rng.random(400) < 0.2).astype(int)
+    truth[50:90] = 1
+    pred = (rng.random(400) < 0.3).astype(int)
+    curve = pa_k_curve(truth, pred)
+    expected = [point_f1(truth, pa_k_adjust(truth, pred, k)) for k in range(101)]
+    assert curve.tolist() == pytest.approx(expected)
+    assert np.all(np.diff(curve) <= 1e-12)  # crediting fewer segments never raises F1
+
+
+def test_pa_k_auc_of_hand_worked_curve():
+    # segment 1-3 has 1 of 3 rows flagged: credited for K <= 33.3 -> F1 0.6 for K = 0..33, 0.25 for K = 34..100
+    # trapezoids: 33 * 0.6 + (0.6 + 0.25) / 2 + 66 * 0.25 = 19.8 + 0.425 + 16.5 = 36.725 -> / 100
+    assert pa_k_auc(TRUTH, PRED) == pytest.approx(0.36725)
+
+
+def test_pa_k_auc_is_one_for_a_perfect_detector_and_zero_for_none():
+    assert pa_k_auc(TRUTH, TRUTH) == 1.0
+    assert pa_k_auc(TRUTH, np.zeros_like(TRUTH)) == 0.0
+
+
+@pytest.mark.parametrize("k", [-1, 100.5])
+def test_pa_k_rejects_k_outside_zero_to_hundred(k):
+    with pytest.raises(ValueError, match="K must be a percentage"):
+        pa_k_f1(TRUTH, PRED, k)
+
+
+def test_event_f1_is_harmonic_mean_of_event_precision_and_recall():
+    # P = 1/3, R = 1/2 -> 2 * (1/6) / (5/6) = 0.4
+    assert event_f1(TRUTH, PRED) == pytest.approx(0.4)
+    assert event_f1(TRUTH, np.zeros_like(TRUTH)) == 0.0
+    # two predicted runs, both on true events; one of two true events found -> P 1, R 1/2 -> 2/3
+    assert event_f1([1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]) == pytest.approx(2 / 3)
+
+
+def test_best_f1_is_one_on_separable_scores():
+    scores = np.where(TRUTH == 1, 0.9, 0.1) + np.linspace(0, 0.01, TRUTH.size)
+    assert best_f1(TRUTH, scores) == 1.0
+
+
+def test_best_f1_cannot_split_tied_scores():
+    # one threshold flags both tied rows: tp 1, predicted 2, actual 1 -> 2 / 3 (not 1.0)
+    assert best_f1([1, 0], [0.5, 0.5]) == pytest.approx(2 / 3)
+    # labels 1 0 1 0, scores .9 .8 .8 .1: >= .9 -> 2/3; >= .8 -> tp 2, predicted 3 -> 4/5; >= .1 -> 4/6
+    assert best_f1([1, 0, 1, 0], [0.9, 0.8, 0.8, 0.1]) == pytest.approx(0.8)
+
+
+def test_best_f1_equals_brute_force_over_every_threshold():
+    rng = np.random.default_rng(3)
+    truth = (rng.random(300) < 0.15).astype(int)
+    scores = np.round(rng.random(300) + truth * 0.3, 2)  # rounded: many ties
+    brute = max(point_f1(truth, (scores >= s).astype(int)) for s in np.unique(scores))
+    assert best_f1(truth, scores) == pytest.approx(brute)
+    assert best_f1(np.zeros(5, dtype=int), np.arange(5.0)) == 0.0
+
+
+def test_best_f1_rejects_mismatched_or_non_finite_scores():
+    with pytest.raises(ValueError):
+        best_f1(TRUTH, np.zeros(3))
+    with pytest.raises(ValueError, match="finite"):
+        best_f1([0, 1], [0.1, np.nan])
 
 
 @pytest.mark.parametrize("y_pred", [[0, 1], [0, 2] + [0] * 8, [[0] * 10]])

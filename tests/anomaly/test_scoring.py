@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from django.core.management import call_command
 
+from anomaly.features import history_buckets
 from anomaly.models import Anomaly, AnomalyKind, EntityScore
 from anomaly.scoring import score_fleet
 from telemetry.models import Allocation, Gpu, Job, Node
@@ -101,45 +103,95 @@ def test_a_slow_rank_is_flagged_against_its_job_across_the_node_and_shows_on_the
     assert list(values) == [fleet[5].id]
 
 
-def test_an_sbe_storm_is_flagged_against_the_gpus_own_history(fleet):
-    # An hour of quiet history at this hour of day, 2 SBE/min on GPU node-b-2 as its normal.
-    history = [(g.id, AT - timedelta(minutes=m), {"ecc_sbe_vol_delta": 2 if g.uuid == "GPU-node-b-2" else 0})
-               for g in fleet for m in range(10, 60, 5)]
-    insert_rollup("gpu", "1m", history)
-    _minute(fleet, AT, {10: {"ecc_sbe_vol_delta": 40}, 11: {"ecc_sbe_vol_delta": 2}})
+def _history(gpus, at, jitter=None, seed=0):
+    """A day of history windows before the pass at `at`, each GPU at LEVELS with a little noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for bucket in history_buckets(at):
+        for k, g in enumerate(gpus):
+            rows.append((g.id, bucket, {**LEVELS, "gpu_temp_avg": 62.0 + (k % 3) * 0.5 + rng.normal() * 0.5,
+                                        "memory_temp_avg": 70.0 + rng.normal() * 0.5,
+                                        "power_w_avg": 650.0 + rng.normal() * 10, **(jitter or {})}))
+    insert_rollup("gpu", "1m", rows)
+
+
+def test_a_gpu_is_flagged_against_its_own_day_of_history_in_the_job_it_runs(fleet):
+    _history(fleet, AT)
+    # +8 °C: under the 10 °C the peers need, ~16σ of the GPU's own day. node-a's GPUs joined their job
+    # two hours ago: too few windows of that job to judge them on, so GPU 3 goes unjudged.
+    _minute(fleet, AT, {3: {"memory_temp_avg": 78.0}, 10: {"memory_temp_avg": 78.0}})
     score_fleet(AT)
-    kinds = set(Anomaly.objects.filter(entity_id="GPU-node-b-2").values_list("kind", flat=True))
-    assert AnomalyKind.BASELINE in kinds
+    a = Anomaly.objects.get()
+    assert (a.kind, a.entity_kind, a.entity_id, a.host) == (AnomalyKind.BASELINE, "gpu", "GPU-node-b-2", "node-b")
+    top = a.contributions[0]
+    assert (top["field"], top["value"], top["basis"]) == ("memory_temp", 78.0, "own history")
+    assert top["expected"] == pytest.approx(70.0, abs=0.5) and top["deviation"] > 6
+    assert a.summary.startswith("memory temperature +") and "σ vs own history" in a.summary
+    assert EntityScore.objects.get(entity_kind="gpu", entity_id="GPU-node-b-2").anomaly_score == pytest.approx(a.score)
+    _minute(fleet, AT + 2 * MIN)  # back to its normal: the event closes
+    assert score_fleet(AT + 2 * MIN)["closed"] == 1 and Anomaly.objects.get().ended_at == AT + 2 * MIN
+
+
+def test_fewer_errors_than_its_own_usual_is_not_an_anomaly_but_more_is(fleet):
+    _history(fleet, AT, {"ecc_sbe_vol_delta": 200})  # 200 SBE/min on every GPU, all day
+    _minute(fleet, AT, {k: {"ecc_sbe_vol_delta": 200} for k in range(16)} | {9: {"ecc_sbe_vol_delta": 0},
+                                                                             11: {"ecc_sbe_vol_delta": 2000}})
+    score_fleet(AT)
     base = Anomaly.objects.get(kind=AnomalyKind.BASELINE)
-    assert base.contributions[0]["field"] == "ecc_sbe_vol" and base.contributions[0]["expected"] == 2.0
-    assert not Anomaly.objects.filter(entity_id="GPU-node-b-3").exists()  # its normal 2/min is normal
+    assert base.entity_id == "GPU-node-b-3" and base.contributions[0]["field"] == "ecc_sbe_vol"
+    assert base.contributions[0]["expected"] == 200.0 and base.contributions[0]["value"] == 2000.0
 
 
-def test_own_history_reads_the_same_hour_on_past_days_and_the_last_hour_with_gaps_as_nan(fleet):
-    import numpy as np
+def test_own_history_reads_each_window_like_the_pass_reads_its_own():
+    from anomaly.features import HISTORY_ROWS, OWN_GPU_FEATURES, own_history
 
-    from anomaly.features import BASELINE_FEATURES, baseline_history
+    node = Node.objects.create(hostname="node-h")
+    a, b = (Gpu.objects.create(uuid=f"GPU-h-{i}", node=node, index=i) for i in range(2))
+    newest, oldest = history_buckets(AT)[:2], history_buckets(AT)[-2:]
+    insert_rollup("gpu", "1m", [(a.id, newest[0], {"memory_temp_avg": 70.0, "ecc_sbe_vol_delta": 3}),
+                                (a.id, newest[1], {"memory_temp_avg": 72.0, "ecc_sbe_vol_delta": 5}),
+                                (a.id, oldest[0], {"memory_temp_avg": 60.0}),
+                                (a.id, newest[0] + 5 * MIN, {"memory_temp_avg": 99.0}),  # between windows
+                                (b.id, newest[1], {"memory_temp_avg": 65.0})])
+    ids = np.array(sorted([a.id, b.id, 99999]))
+    H = own_history("gpu", AT, ids, OWN_GPU_FEATURES)
+    temp, sbe = [f.name for f in OWN_GPU_FEATURES].index("memory_temp"), 5
+    assert H.shape == (3, HISTORY_ROWS, len(OWN_GPU_FEATURES)) and H.dtype == np.float32
+    assert H[0, -1, temp] == 71.0 and H[0, -1, sbe] == 4.0  # mean of two buckets; 8 SBE over 2 minutes
+    assert H[0, 0, temp] == 60.0 and np.isnan(H[0, 0, sbe])  # the oldest window; SBE not reported
+    assert np.isnan(H[0, 1:-1]).all()  # the bucket between windows is not read
+    assert H[1, -1, temp] == 65.0 and np.isnan(H[2]).all()  # a GPU with no rows: all NaN
 
-    a, b = fleet[0], fleet[1]
-    # Yesterday's 12:00 hour: 120 SBE over 60 minutes = 2/min; PCIe replays never reported (NaN).
-    insert_rollup("gpu", "1h", [(a.id, AT - timedelta(days=1), {"ecc_sbe_vol_delta": 120})])
-    # The last hour before the scoring window, one 10-minute chunk: 3 and 5 SBE over 2 minutes = 4/min.
-    insert_rollup("gpu", "1m", [(b.id, AT - timedelta(minutes=40), {"ecc_sbe_vol_delta": 3, "pcie_replay_delta": 1}),
-                                (b.id, AT - timedelta(minutes=39), {"ecc_sbe_vol_delta": 5})])
-    X, ids, slots = baseline_history(AT)
-    rows = {int(i): (int(s), list(x)) for i, s, x in zip(ids, slots, X, strict=True)}
-    sbe, pcie = BASELINE_FEATURES.index("ecc_sbe_vol"), BASELINE_FEATURES.index("pcie_replay")
-    assert set(rows) == {a.id, b.id} and X.shape == (2, len(BASELINE_FEATURES)) and X.dtype == np.float64
-    assert rows[a.id][0] == 12 and rows[a.id][1][sbe] == 2.0 and np.isnan(rows[a.id][1][pcie])
-    assert rows[b.id][0] == AT.hour and rows[b.id][1][sbe] == 4.0 and rows[b.id][1][pcie] == 0.5
-    assert ids.dtype == np.int64
+
+def test_a_streamed_copy_decodes_the_same_rows_whatever_its_block_size():
+    from anomaly.features import _copy_columns
+
+    sql = "SELECT g::int4, (g * 2)::int4, (g / 3.0)::float4 FROM generate_series(1, %(n)s) g"
+    whole = [np.concatenate(c) for c in zip(*_copy_columns(sql, {"n": 1000}, ["int4", "int4", "float4"]), strict=True)]
+    blocks = list(_copy_columns(sql, {"n": 1000}, ["int4", "int4", "float4"], block=100))
+    assert len(blocks) > 100  # 26-byte rows, ~100-byte blocks
+    pieces = [np.concatenate(c) for c in zip(*blocks, strict=True)]
+    assert whole[0].tolist() == pieces[0].tolist() == list(range(1, 1001))
+    assert np.array_equal(whole[2], pieces[2]) and whole[2][2] == np.float32(1.0)
+    assert [len(c) for c in next(_copy_columns(sql, {"n": 0}, ["int4", "int4", "float4"]))] == [0, 0, 0]
 
 
-def test_own_history_of_an_empty_store_is_empty_arrays():
-    from anomaly.features import BASELINE_FEATURES, baseline_history
+def test_job_history_marks_the_windows_a_job_held_and_the_one_it_started_in(fleet):
+    from anomaly.features import HISTORY_ROWS, job_history
 
-    X, ids, slots = baseline_history(AT)
-    assert X.shape == (0, len(BASELINE_FEATURES)) and len(ids) == 0 and len(slots) == 0
+    # node-a's job started at 10:00, between the windows 09:57-09:59 and 10:12-10:14: the newest 7
+    # windows are the job's, the older ones had no job. GPU 8's job starts inside the 9th window
+    # from the end, which then mixes two workloads.
+    ninth = history_buckets(AT)[2 * 8]
+    job = Job.objects.create(source="slurm", external_id="99", state="running", start_time=ninth + SECOND * 30)
+    Allocation.objects.create(job=job, node=fleet[8].node, gpu=fleet[8], gpu_index=0, start=ninth + SECOND * 30)
+    ids = np.array(sorted(g.id for g in fleet))
+    codes, keys = job_history(AT, ids)
+    assert codes.shape == (16, HISTORY_ROWS) and set(keys) == {"slurm:4242", "slurm:99"}
+    a, b = codes[list(ids).index(fleet[0].id)], codes[list(ids).index(fleet[8].id)]
+    assert (a[-7:] == keys["slurm:4242"]).all() and (a[:-7] == 0).all()
+    assert (b[-8:] == keys["slurm:99"]).all() and b[-9] == -1 and (b[:-9] == 0).all()
+    assert (codes[list(ids).index(fleet[9].id)] == 0).all()
 
 
 def test_the_score_command_and_task_run_a_pass(fleet, capsys):
@@ -171,3 +223,66 @@ def test_a_pass_where_every_gpu_is_still_settling_finds_nothing_and_does_not_fai
         g.node.allocations.create(job=Job.objects.get(), gpu=g, gpu_index=g.index, start=AT - 150 * SECOND)
     _minute(fleet, AT, {3: {"memory_temp_avg": 84.0}})
     assert score_fleet(AT)["findings"] == 0
+
+
+@pytest.fixture
+def fabric_and_racks():
+    """A leaf with three ports (one downlink each), and two racks fed by an A/B pair of PDUs each."""
+    from telemetry.models import Hall, Port, PowerDevice, Rack, Row, Site, Switch
+
+    leaf = Switch.objects.create(name="leaf-01", role="leaf")
+    ports = [Port.objects.create(switch=leaf, name=f"p{i}", speed_gbps=400) for i in range(1, 4)]
+    row = Row.objects.create(hall=Hall.objects.create(site=Site.objects.create(name="dc1"), name="h1"), name="row-1")
+    racks = [Rack.objects.create(row=row, name=f"r0{i}") for i in (1, 2)]
+    pdus = []
+    for rack in racks:
+        for side in "ab":
+            pdu = PowerDevice.objects.create(name=f"pdu-{rack.name}-{side}", kind="pdu")
+            pdu.racks.add(rack)
+            pdus.append(pdu)
+    rng = np.random.default_rng(2)
+    port_rows, power_rows = [], []
+    # A day of history (a symbol error now and then, steady racks) for passes at AT and AT + 2 min: a
+    # port's refit group (its id modulo 5) decides whether the second pass refits on the later windows.
+    for bucket in sorted(set(history_buckets(AT)) | set(history_buckets(AT + 2 * MIN))):
+        port_rows += [(p.id, bucket, {"xmit_data_bytes_delta": 10**9, "symbol_errors_delta": int(rng.poisson(1))})
+                      for p in ports]
+        power_rows += [(d.id, bucket, {"watts_avg": 6000.0 + rng.normal() * 50,
+                                       "inlet_temp_avg": 24.0 + rng.normal() * 0.2}) for d in pdus]
+    insert_rollup("port", "1m", port_rows)
+    insert_rollup("power", "1m", power_rows)
+    return ports, racks, pdus
+
+
+def _fabric_minute(ports, pdus, at, *, port_errors=None, inlet=None):
+    """The scoring window's buckets: errors {port index: per minute}, inlet {pdu index: °C}."""
+    port_rows, power_rows, port_errors = [], [], port_errors or {}
+    for bucket in (at - 3 * MIN, at - 2 * MIN):
+        port_rows += [(p.id, bucket, {"xmit_data_bytes_delta": 10**9, "symbol_errors_delta": port_errors.get(k, 1)})
+                      for k, p in enumerate(ports)]
+        power_rows += [(d.id, bucket, {"watts_avg": 6000.0, "inlet_temp_avg": (inlet or {}).get(k, 24.0)})
+                       for k, d in enumerate(pdus)]
+    insert_rollup("port", "1m", port_rows)
+    insert_rollup("power", "1m", power_rows)
+
+
+def test_ports_and_racks_open_and_close_own_history_events_of_their_own(fabric_and_racks):
+    from anomaly.features import rack_matrix
+
+    ports, racks, pdus = fabric_and_racks
+    _fabric_minute(ports, pdus, AT, port_errors={1: 400}, inlet={2: 31.0, 3: 31.0})  # r02's inlet air +7 °C
+    m = rack_matrix(AT)
+    assert [str(n) for n in m.context["name"]] == ["r01", "r02"] and m.X[:, 0].tolist() == [12000.0, 12000.0]
+    score_fleet(AT)
+    events = {(a.kind, a.entity_kind, a.entity_id): a for a in Anomaly.objects.all()}
+    port, rack = ((AnomalyKind.BASELINE, "port", str(ports[1].id)), (AnomalyKind.BASELINE, "rack", "r02"))
+    assert set(events) >= {port, rack} and not any(k[0] == AnomalyKind.BASELINE and k[2] in (str(ports[0].id), "r01")
+                                                   for k in events)
+    assert events[port].host == "leaf-01:p2" and events[port].contributions[0]["field"] == "symbol_errors"
+    assert events[rack].contributions[0]["field"] == "inlet_temp" and events[rack].contributions[0]["value"] == 31.0
+    assert events[rack].summary.startswith("inlet temperature +")
+    # Two minutes later the port still errs and the rack has cooled down: one event extends, one closes.
+    _fabric_minute(ports, pdus, AT + 2 * MIN, port_errors={1: 400})
+    counts = score_fleet(AT + 2 * MIN)
+    ended = dict(Anomaly.objects.filter(kind=AnomalyKind.BASELINE).values_list("entity_kind", "ended_at"))
+    assert ended == {"port": None, "rack": AT + 2 * MIN} and counts["extended"] == counts["closed"] == 1
