@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from anomaly.detectors.multivariate import RobustMultivariateDetector, learned_threshold, trailing_mean  # noqa: E402
-from anomaly.evaluation.benchmarks import load_benchmark, load_nab  # noqa: E402
-from anomaly.evaluation.metrics import event_f1, pa_k_auc, pa_k_f1, point_adjusted_f1, point_f1  # noqa: E402
+from anomaly.evaluation.benchmarks import forest_detections, load_benchmark, load_nab, random_detections  # noqa: E402
+from anomaly.evaluation.metrics import score_series  # noqa: E402
 from anomaly.evaluation.nab import probation_length, window_labels, window_rows  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "anomaly-benchmarks"
@@ -152,9 +152,8 @@ def rank_norm(st, ss):
 
 
 def metrics(labels, flags) -> dict:
-    return {"f1": point_f1(labels, flags), "pa_f1": point_adjusted_f1(labels, flags),
-            "pa_k20": pa_k_f1(labels, flags, 20), "pa_k_auc": pa_k_auc(labels, flags),
-            "event_f1": event_f1(labels, flags)}
+    scores = score_series(labels, flags)
+    return {k: getattr(scores, k) for k in METRICS}
 
 
 def evaluate_series(item) -> tuple[str, dict, dict]:
@@ -182,18 +181,15 @@ def evaluate_series(item) -> tuple[str, dict, dict]:
     return name, found, baselines
 
 
-def _forest(train, test, labels, seed):
-    from sklearn.ensemble import IsolationForest
+PARAMS = {"threshold": RULE["method"], "threshold_level": RULE["level"], "threshold_risk": RULE["risk"]}
 
-    forest = IsolationForest(random_state=seed).fit(train)
-    th = learned_threshold(-forest.score_samples(train), **RULE)
-    return metrics(labels, (-forest.score_samples(test) > th).astype(int))
+
+def _forest(train, test, labels, seed):
+    return metrics(labels, forest_detections(train, test, seed, PARAMS)[0])
 
 
 def _random(n_train, labels, seed):
-    rng = np.random.default_rng(seed)
-    train, test = rng.random(n_train), rng.random(len(labels))
-    return metrics(labels, (test > learned_threshold(train, **RULE)).astype(int))
+    return metrics(labels, random_detections(n_train, len(labels), seed, PARAMS))
 
 
 def _mean(rows):

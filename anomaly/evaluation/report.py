@@ -7,8 +7,11 @@ read the threshold off the labels and are printed apart, labelled as the upper b
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -70,9 +73,31 @@ def report_data(command: str, results: list[SeriesResult], overall: dict[str, Se
     }
 
 
+def json_path(text: str) -> Path:
+    """`--json PATH`, checked before any work: a file in an existing, writable folder."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder, not a file")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{folder} is not a writable folder")
+    return path
+
+
+
 def write_json(path: Path, data: dict) -> None:
-    """Write `data` as JSON; NaN (a median delay with nothing detected) becomes null."""
-    Path(path).write_text(json.dumps(_finite(data), indent=2) + "\n", encoding="utf-8")
+    """Write `data` as JSON, whole or not at all (a temporary file renamed over PATH); NaN (a median
+    delay with nothing detected) becomes null."""
+    path = Path(path)
+    text = json.dumps(_finite(data), indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _series_data(r: SeriesResult) -> dict:

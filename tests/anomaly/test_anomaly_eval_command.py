@@ -300,3 +300,21 @@ def test_nab_eval_bad_value_names_file_and_line(nab_dir):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(CommandError, match=re.escape(f"{path}:6: value is not a number: 'oops'")):
         _run("nab_eval", str(nab_dir))
+
+
+@pytest.mark.parametrize("command", ["anomaly_eval", "nab_eval"])
+def test_json_path_in_a_missing_folder_is_refused_before_any_work(bench, tmp_path, command):
+    target = tmp_path / "no-such-folder" / "report.json"
+    with pytest.raises(CommandError, match="no-such-folder is not a writable folder"):
+        _run(command, str(bench), "--json", str(target))
+    with pytest.raises(CommandError, match="is a folder"):
+        _run(command, str(bench), "--json", str(tmp_path))
+    assert not target.parent.exists()
+
+
+def test_json_report_is_written_whole_and_leaves_no_temporary_file(bench, tmp_path):
+    report = tmp_path / "out" / "report.json"
+    report.parent.mkdir()
+    _run("anomaly_eval", str(bench), "--seeds", "0", "--json", str(report))
+    assert json.loads(report.read_text())["command"] == "anomaly_eval"
+    assert [p.name for p in report.parent.iterdir()] == ["report.json"]

@@ -29,7 +29,15 @@ from anomaly.evaluation.benchmarks import (
     score_detections,
     select_names,
 )
-from anomaly.evaluation.report import best_f1_lines, cpu_lines, report_data, score_table, summary_line, write_json
+from anomaly.evaluation.report import (
+    best_f1_lines,
+    cpu_lines,
+    json_path,
+    report_data,
+    score_table,
+    summary_line,
+    write_json,
+)
 
 
 def name_list(text: str) -> list[str]:
@@ -85,7 +93,7 @@ def add_evaluation_arguments(parser: CommandParser) -> None:
                         help=f"POT starting quantile, or the quantile itself (default {defaults['threshold_level']})")
     parser.add_argument("--threshold-risk", type=probability, default=defaults["threshold_risk"],
                         help=f"POT false-alarm probability per row (default {defaults['threshold_risk']:g})")
-    parser.add_argument("--json", type=Path, metavar="PATH",
+    parser.add_argument("--json", type=json_path, metavar="PATH",
                         help="Also write every per-series and overall figure of the three detectors to PATH")
 
 
