@@ -404,7 +404,7 @@ def truth_targets(truth: dict, layout) -> set[tuple[str, object]]:
         gpus = {g.uuid for n in layout.nodes if layout.racks[n.rack].name in racks for g in n.gpus}
         return {("rack", r) for r in racks} | {("gpu", u) for u in gpus}
     job = f"sim-{entity}"
-    if truth["scenario"] == "straggler":  # the slow rank, by rank or by its GPU; not just "the job"
+    if truth["scenario"] in ("straggler", "straggler-hw"):  # the slow rank, by rank or by its GPU; not just "the job"
         return {("rank", (job, details["rank"])), ("gpu", details["gpu_uuid"])}
     ranks = [r["rank"] for r in details.get("ranks", [])]
     return {("job", job)} | {("rank", (job, r)) for r in ranks}

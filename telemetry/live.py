@@ -24,6 +24,7 @@ Publishing is best effort: any failure is logged and never raised into ingest.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from uuid import uuid4
@@ -158,8 +159,11 @@ def wait_for_trailing_publish(timeout: float = 5.0) -> None:
 
 
 def _throttle_key() -> str:
-    """The summary slot's Redis key; read at call time, as tests set the prefix after import."""
-    return f"{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}:{THROTTLE_KEY_SUFFIX}"
+    """The summary slot's Redis key; read at call time, as tests set the prefix after import. A
+    layer without a prefix (scenario_eval's in-process one) gets a key of its own process, so its
+    publishes never take the live pages' slot."""
+    prefix = settings.CHANNEL_LAYERS["default"].get("CONFIG", {}).get("prefix") or f"process-{os.getpid()}"
+    return f"{prefix}:{THROTTLE_KEY_SUFFIX}"
 
 
 def slot_ms() -> int:

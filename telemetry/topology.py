@@ -367,6 +367,7 @@ def _write_nodes(plan: Plan, result: ImportResult, ids: dict[str, dict]) -> None
     # By UUID alone: a GPU the file puts under another node is moved there, keeping its id.
     ids["gpus"] = _upsert(Gpu, ("uuid",), gpu_rows, result["gpus"],
                           ("uuid", [r["uuid"] for r in gpu_rows]))
+    _unslot(list(ids["gpus"].values()), result)
     mig_rows = [{**m.values, "gpu_id": ids["gpus"][m.parent]} for m in plan.migs]
     ids["migs"] = _upsert(MigInstance, ("gpu_id", "gi_id", "ci_id"), mig_rows,
                           result["mig_instances"],
@@ -466,6 +467,18 @@ def _write_power(plan: Plan, result: ImportResult, ids: dict[str, dict]) -> None
         counts.unchanged += len(wanted) - len(new)
 
 
+def _unslot(named: list[int], result: ImportResult) -> None:
+    """A GPU the file does not name loses its slot (its index) when the file puts another GPU there:
+    it was swapped out, and whatever finds a GPU by node and index (the scheduler's allocations)
+    must find the one there now. It keeps its row and history."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE telemetry_gpu o SET index = NULL FROM telemetry_gpu n WHERE n.id = ANY(%(named)s)"
+            " AND o.node_id = n.node_id AND o.index = n.index AND NOT o.id = ANY(%(named)s)",
+            {"named": named})
+        result["gpus"].removed += cur.rowcount
+
+
 def _delete(queryset: models.QuerySet) -> int:
     return queryset.delete()[1].get(queryset.model._meta.label, 0)
 
@@ -474,7 +487,7 @@ def _prune(ids: dict[str, dict], result: ImportResult) -> None:
     """Remove what the file does not name, children first (links went in _write_links).
 
     Ports on nodes the file does not name are kept: telemetry registers them, and the node keeps
-    its history. GPUs are never deleted.
+    its history. GPUs are never deleted (`_unslot` takes a swapped-out GPU's slot away).
     """
     def keep(kind: str) -> list[int]:
         return list(ids[kind].values())

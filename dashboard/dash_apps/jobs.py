@@ -138,7 +138,7 @@ job_app.layout = html.Div(className="bw-dash bw-job", children=[
              section_id="job-placement-section"),
     _section("Ranks", html.Div(id="job-gang", className="bw-muted bw-gang"),
              html.Div(id="job-ranks", className="bw-table-wrap"), section_id="job-ranks-section"),
-    _section("Step time per rank",
+    _section("Step time per rank (compute time where the job reports it)",
              html.Div(className="bw-toolbar", children=[
                  html.Span("Range", className="bw-label"),
                  dcc.RadioItems(id="job-range", value=DEFAULT_STEP_RANGE, inline=True, className="bw-radio",

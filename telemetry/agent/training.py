@@ -3,7 +3,7 @@
     from telemetry.agent.training import TrainingReporter
     reporter = TrainingReporter("https://breakwater:8000", token, job="slurm:" + os.environ["SLURM_JOB_ID"],
                                 rank=int(os.environ["RANK"]))
-    reporter.step(step, step_time_s=dt, loss=loss.item(), grad_norm=gn, tokens_per_s=tps)
+    reporter.step(step, step_time_s=dt, compute_time_s=compute, loss=loss.item(), grad_norm=gn)
     reporter.close()
 
 Steps are buffered and sent every `flush_every` steps (or `flush_seconds`), in the background of
@@ -36,14 +36,18 @@ class TrainingReporter:
         self.dropped = 0
         self._last_flush = time.monotonic()
 
-    def step(self, step: int, *, step_time_s: float | None = None, loss: float | None = None,
-             grad_norm: float | None = None, tokens_per_s: float | None = None,
+    def step(self, step: int, *, step_time_s: float | None = None, compute_time_s: float | None = None,
+             loss: float | None = None, grad_norm: float | None = None, tokens_per_s: float | None = None,
              nan_count: int = 0, inf_count: int = 0) -> None:
-        """Record one step; NaN/Inf values are counted (the divergence signal) and sent as missing."""
+        """Record one step; NaN/Inf values are counted (the divergence signal) and sent as missing.
+
+        `compute_time_s` is this rank's forward and backward without the time spent waiting in
+        collectives (docs/training.md measures it with CUDA events): in a synchronous job every
+        rank's step time is the same, and only this shows which rank the others wait for."""
         rec = {"rank": self.rank, "step": step, "time": datetime.now(UTC).isoformat(),
                "nan_count": nan_count, "inf_count": inf_count}
-        for key, value in (("step_time_s", step_time_s), ("loss", loss), ("grad_norm", grad_norm),
-                           ("tokens_per_s", tokens_per_s)):
+        for key, value in (("step_time_s", step_time_s), ("compute_time_s", compute_time_s), ("loss", loss),
+                           ("grad_norm", grad_norm), ("tokens_per_s", tokens_per_s)):
             if value is not None and not math.isfinite(value):
                 rec["nan_count" if math.isnan(value) else "inf_count"] += 1
                 value = None

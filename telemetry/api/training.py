@@ -1,7 +1,7 @@
 """POST /api/v1/training — per-rank training metrics from a running job (docs/training.md).
 
     {"job": "slurm:4242", "records": [{"rank": 0, "step": 100, "time": "2026-11-30T12:00:00Z",
-      "step_time_s": 0.82, "loss": 2.31, "grad_norm": 1.7, "tokens_per_s": 48000,
+      "step_time_s": 0.82, "compute_time_s": 0.64, "loss": 2.31, "grad_norm": 1.7, "tokens_per_s": 48000,
       "nan_count": 0, "inf_count": 0}]}
 
 A job not seen from its scheduler yet is created as a placeholder that the scheduler sync fills in.
@@ -28,7 +28,7 @@ from telemetry.ingest.schema import BatchError, TimeParser, _loads, storable_tex
 from telemetry.models import Job
 from tenancy.access import collector_endpoint
 
-NUMBERS = ("step_time_s", "loss", "grad_norm", "tokens_per_s")
+NUMBERS = ("step_time_s", "compute_time_s", "loss", "grad_norm", "tokens_per_s")
 KEYS = {"rank", "step", "time", "nan_count", "inf_count", *NUMBERS}
 INT_MAX, BIGINT_MAX = 2**31 - 1, 2**63 - 1
 EXTERNAL_ID_LENGTH = 128  # Job.external_id
@@ -84,12 +84,14 @@ def _count(rec: dict, key: str, where: str) -> int:
 # The job's row is named by id, source and external id together: an id remembered in this process (below) that
 # no longer names that job (deleted meanwhile) inserts nothing, and the caller looks the job up again.
 _INSERT_STEPS = (
-    "INSERT INTO telemetry_training_step (job_id, rank, time, step, step_time_s, loss, grad_norm, tokens_per_s, "
-    "nan_count, inf_count) SELECT j.id, u.* FROM telemetry_job j CROSS JOIN unnest(%(rank)s::int4[], "
-    "%(time)s::timestamptz[], %(step)s::int8[], %(step_time_s)s::float8[], %(loss)s::float8[], "
+    "INSERT INTO telemetry_training_step (job_id, rank, time, step, step_time_s, compute_time_s, loss, grad_norm, "
+    "tokens_per_s, nan_count, inf_count) SELECT j.id, u.* FROM telemetry_job j CROSS JOIN unnest(%(rank)s::int4[], "
+    "%(time)s::timestamptz[], %(step)s::int8[], %(step_time_s)s::float8[], %(compute_time_s)s::float8[], "
+    "%(loss)s::float8[], "
     "%(grad_norm)s::float8[], %(tokens_per_s)s::float8[], %(nan_count)s::int4[], %(inf_count)s::int4[]) u "
     "WHERE j.id = %(job)s AND j.source = %(source)s AND j.external_id = %(external_id)s "
     "ON CONFLICT (job_id, rank, time) DO UPDATE SET step = EXCLUDED.step, step_time_s = EXCLUDED.step_time_s, "
+    "compute_time_s = EXCLUDED.compute_time_s, "
     "loss = EXCLUDED.loss, grad_norm = EXCLUDED.grad_norm, tokens_per_s = EXCLUDED.tokens_per_s, "
     "nan_count = EXCLUDED.nan_count, inf_count = EXCLUDED.inf_count"
 )

@@ -136,6 +136,9 @@ class TrainingStep(models.Model):
     pk = models.CompositePrimaryKey("job", "rank", "time")
     step = models.BigIntegerField()
     step_time_s = models.FloatField(null=True)
+    # This rank's forward and backward, without the time it waited in collectives: in a synchronous
+    # job every rank's step time is the same, and only this tells a slow rank from its peers.
+    compute_time_s = models.FloatField(null=True)
     loss = models.FloatField(null=True)
     grad_norm = models.FloatField(null=True)
     tokens_per_s = models.FloatField(null=True)

@@ -314,13 +314,19 @@ def _ranks(job: Job, now: datetime) -> list[dict]:
     return out
 
 
+# A synchronous job's ranks all take the same wall time per step (the all-reduce waits for the slowest):
+# where a rank reports its compute time, that is what tells it apart from its peers (docs/training.md).
+STEP_TIME = "coalesce(compute_time_s, step_time_s)"
+
+
 def _step_medians(job_id: int, start: datetime, end: datetime) -> dict[int, tuple[float, int]]:
-    """{rank: (median step time, steps)} over [start, end]; primary key (job_id, rank, time)."""
+    """{rank: (median compute time, or step time where it reports none, steps)} over [start, end];
+    primary key (job_id, rank, time)."""
     with connection.cursor() as cur:
         cur.execute(
-            f"SELECT rank, percentile_cont(0.5) WITHIN GROUP (ORDER BY step_time_s), count(*)"
+            f"SELECT rank, percentile_cont(0.5) WITHIN GROUP (ORDER BY {STEP_TIME}), count(*)"
             f" FROM {JOB_STEPS_TABLE} WHERE job_id = %s AND time >= %s AND time <= %s"
-            " AND step_time_s IS NOT NULL GROUP BY rank",
+            f" AND {STEP_TIME} IS NOT NULL GROUP BY rank",
             [job_id, start, end],
         )
         return {rank: (float(median), n) for rank, median, n in cur.fetchall()}
@@ -380,7 +386,8 @@ def _locality(ranks: list[dict]) -> dict:
 # --- Step times for a plot -----------------------------------------------------------------------
 
 def job_step_series(job_id: int | str, start: datetime, end: datetime, *, max_points: int = 500) -> dict | None:
-    """Step time per rank over [start, end), averaged into time_bucket buckets, ready to plot.
+    """Step time per rank (its compute time where it reports one) over [start, end), averaged into
+    time_bucket buckets, ready to plot.
 
     At most `max_points` buckets per rank. Each rank's series has a None value wherever its
     reports stop for longer than GAP_FACTOR × its usual spacing, so a line breaks instead of
@@ -397,8 +404,8 @@ def job_step_series(job_id: int | str, start: datetime, end: datetime, *, max_po
     width = timedelta(seconds=max(1, math.ceil((end - start).total_seconds() / max(1, max_points))))
     with connection.cursor() as cur:
         cur.execute(
-            f"SELECT rank, time_bucket(%s, time) AS t, avg(step_time_s) FROM {JOB_STEPS_TABLE}"
-            " WHERE job_id = %s AND time >= %s AND time < %s AND step_time_s IS NOT NULL"
+            f"SELECT rank, time_bucket(%s, time) AS t, avg({STEP_TIME}) FROM {JOB_STEPS_TABLE}"
+            f" WHERE job_id = %s AND time >= %s AND time < %s AND {STEP_TIME} IS NOT NULL"
             " GROUP BY rank, t ORDER BY rank, t",
             [width, job.id, start, end],
         )

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from telemetry.simulator import faults as F
 from telemetry.simulator.fabric import Fabric
 from telemetry.simulator.facility import NODE_DOWN_W, Facility, node_power
-from telemetry.simulator.feed import JobFeed
+from telemetry.simulator.feed import JobFeed, lock_step
 from telemetry.simulator.gpus import SimGpu, alphas
 from telemetry.simulator.jobs import KINDS, Scheduler, make_job
 from telemetry.simulator.topology import Layout, build_layout
@@ -156,6 +156,7 @@ class Cluster:
         events += self.scheduler.step(t, warm=first)
         for job in self.scheduler.jobs.values():
             job.activity(t)
+        lock_step(self)
         inlets = self.facility.inlets(t, dt)
         batches = [{"rack": r.name, "gpus": [], "ports": [], "power": [], "events": []}
                    for r in self.layout.racks]

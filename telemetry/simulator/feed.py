@@ -4,11 +4,20 @@
   record changed since the previous snapshot (all live jobs the first time): submissions
   (pending ones too, with their submit time), starts with their allocations (every GPU of their
   nodes), requeues, and ends with their end state and time.
+- `lock_step`: a training job is data-parallel and synchronous. Each step every rank computes
+  (forward and backward: `compute_share` of the step at full speed, divided by its GPU's speed,
+  which its clocks and a straggler scenario's `pace` set), then all of them all-reduce the
+  gradients, which ends when the slowest rank joins. So every rank's step takes the same wall time,
+  the slowest compute plus the all-reduce; the slow rank's SMs are busy for more of it, and its
+  peers' SMs idle in the collective (a waiting NCCL kernel keeps a few SMs active and utilisation
+  high). It sets each GPU's `share` of its job's nominal activity and the job's `wall`.
 - `JobFeed.steps`: per running training job, one ``POST /api/v1/training`` body with a record per
   rank (``node position * 8 + GPU index``, as the training scenarios number ranks): the step the
-  gang has reached and the rank's step time, the job's step time divided by its GPU's `pace`
-  (a straggler scenario lowers one GPU's), with a little jitter. Jobs warming up or writing a
-  checkpoint make no steps, and a job a scenario reports itself (`Job.own_metrics`) is left out.
+  gang has reached and its step time, the same on every rank (each times it on its own clock, so
+  they differ by a hair), with step-to-step jitter and the occasional data-loader stall that every
+  rank waits out; and, for jobs whose trainer measures it (`Job.reports_compute`, as
+  docs/training.md shows with CUDA events), each rank's own compute time. Jobs warming up or writing
+  a checkpoint make no steps, and a job a scenario reports itself (`Job.own_metrics`) is left out.
 
 Job ids are ``sim-<simulator job id>``, the key the training scenarios use (``slurm:sim-<id>``).
 The jitter comes from a generator of the feed's own, so the same seed and tick times give the
@@ -26,7 +35,13 @@ from telemetry.simulator.jobs import PENDING, RUNNING, TRAINING_KINDS, Job
 if TYPE_CHECKING:
     from telemetry.simulator.dynamics import Cluster
 
-STEP_JITTER = 0.015  # relative standard deviation of one rank's step time
+STEP_JITTER = 0.015  # relative standard deviation of the gang's step time, step to step
+COMPUTE_JITTER = 0.015  # relative standard deviation of one rank's compute time
+CLOCK_SKEW = 0.001  # ranks time the same step on their own clocks
+NCCL_SM = 0.1  # share of the SMs a collective keeps active while it waits for the other ranks
+STALL_P = 0.01  # share of steps that wait for the data loader
+STALL_STEPS = (0.5, 5.0)  # how long such a wait is, in steps
+MIN_SPEED = 0.05  # a GPU this slow is all but stopped; the gang's step is capped there
 
 
 def iso(t: float) -> str:
@@ -82,17 +97,43 @@ class JobFeed:
 
     def steps(self, cluster: Cluster, t: float, dt: float) -> list[dict]:
         """One training body per running training job that is computing at `t`."""
-        bodies, when, gauss = [], iso(t), self.rng.gauss
+        bodies, when, gauss, rnd = [], iso(t), self.rng.gauss, self.rng.random
         for job in cluster.scheduler.jobs.values():
             if job.kind not in TRAINING_KINDS or job.own_metrics or not job.step_s or job.act < 1.0:
                 continue
             ranks = [(pos * 8 + g.spec.index, g) for pos, i in enumerate(job.nodes) for g in cluster.gpus[i]]
-            # The gang moves at its slowest rank's pace: a synchronous step waits for everyone.
-            job.steps += dt * min(g.pace for _, g in ranks) / job.step_s
+            job.steps += dt / (job.step_s * job.wall)
+            # The step this report describes: the gang's, plus a data-loader stall now and then.
+            wall = job.step_s * job.wall * (1 + STEP_JITTER * gauss(0.0, 1.0))
+            if rnd() < STALL_P:
+                wall += job.step_s * (STALL_STEPS[0] + (STALL_STEPS[1] - STALL_STEPS[0]) * rnd())
             step = int(job.steps)
-            bodies.append({"job": f"slurm:{job_key(job)}", "records": [
-                {"rank": rank, "step": step, "time": when,
-                 "step_time_s": round(job.step_s / g.pace * (1 + STEP_JITTER * gauss(0.0, 1.0)), 4)}
-                for rank, g in ranks
-            ]})
+            records = []
+            for rank, g in ranks:
+                rec = {"rank": rank, "step": step, "time": when,
+                       "step_time_s": round(wall * (1 + CLOCK_SKEW * gauss(0.0, 1.0)), 4)}
+                if job.reports_compute:
+                    compute = job.step_s * job.compute_share / max(g.speed, MIN_SPEED)
+                    rec["compute_time_s"] = round(compute * (1 + COMPUTE_JITTER * gauss(0.0, 1.0)), 4)
+                records.append(rec)
+            bodies.append({"job": f"slurm:{job_key(job)}", "records": records})
         return bodies
+
+
+def lock_step(cluster: Cluster) -> None:
+    """Set every running job's step time (`Job.wall`) and its GPUs' activity shares for this tick,
+    from each GPU's speed at the last tick (see the module docstring). A job that is not a
+    synchronous training job keeps its GPUs at their job's nominal activity."""
+    for job in cluster.scheduler.jobs.values():
+        gpus = [g for i in job.nodes for g in cluster.gpus[i] if not g.dead]
+        if job.kind not in TRAINING_KINDS or not job.step_s or not gpus:
+            for g in gpus:
+                g.share = 1.0
+            continue
+        s = job.compute_share
+        compute = [s / max(g.speed, MIN_SPEED) for g in gpus]
+        wall = max(compute) + (1 - s)
+        nominal = s + NCCL_SM * (1 - s)  # every rank at full speed: wall 1
+        for g, c in zip(gpus, compute, strict=True):
+            g.share = (c + NCCL_SM * (wall - c)) / wall / nominal
+        job.wall = wall

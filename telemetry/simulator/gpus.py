@@ -32,6 +32,11 @@ REASON_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
 REASON_SW_THERMAL = 0x20
 REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+# Why a GPU computes slower than its peers (`SimGpu.slow_cause`), and what that shows in its telemetry:
+# thermal and power hold its clocks down with the matching throttle bit; "hidden" shows nothing but
+# the time it takes (a degraded clock domain or HBM stack that no counter reports).
+SLOW_CAUSES = ("thermal", "power", "hidden")
 
 # Counters that survive a reboot (InfoROM): everything else starts again from zero.
 PERSISTENT = (
@@ -54,7 +59,8 @@ class SimGpu:
 
     __slots__ = (
         "host", "spec", "idle_w", "eff", "rth", "rth_mem", "weak", "temp", "mem_temp", "power",
-        "dead", "xid", "fb_used", "remap_pending", "remap_failure", "pace", *COUNTERS,
+        "dead", "xid", "fb_used", "remap_pending", "remap_failure", "pace", "slow_cause", "speed", "share",
+        *COUNTERS,
     )
 
     def __init__(self, host: str, spec: GpuSpec, rng: random.Random, *, weak: bool, hot: bool,
@@ -67,7 +73,12 @@ class SimGpu:
         self.rth_mem = rng.uniform(0.058, 0.068)
         self.dead = False
         self.xid = self.fb_used = self.remap_pending = self.remap_failure = 0
-        self.pace = 1.0  # share of its job's speed it keeps; a straggler scenario lowers it
+        self.pace = 1.0  # share of its normal compute speed it keeps; a straggler scenario lowers it
+        self.slow_cause = "hidden"  # what a pace under 1 shows in the telemetry (SLOW_CAUSES)
+        # Its compute speed at the last tick (pace times the clock it ran at, 1 = full clocks), which
+        # sets its share of a synchronous step; and the share of its job's nominal activity it shows
+        # (`feed.lock_step`: above 1 for a slow rank, below for peers waiting on it). 1 outside gangs.
+        self.speed = self.share = 1.0
         self.power = self.idle_w
         self.temp = self.mem_temp = 30.0
         self.energy_mj = int(uptime_s * rng.uniform(250, 450) * 1000)
@@ -111,6 +122,16 @@ class SimGpu:
             scale = max(0.6, 1 - 0.05 * over)
             clock, power = int(clock * scale), self.idle_w + (power - self.idle_w) * scale
             reasons |= REASON_HW_THERMAL if self.temp > HW_SLOWDOWN_C else REASON_SW_THERMAL
+        # Work per second follows the SM clock: power capping and thermal slowdown slow a rank down
+        # as surely as a fault does.
+        self.speed = self.pace * clock / MAX_SM_MHZ if job is not None else 1.0
+        if job is not None and self.pace < 1.0 and self.slow_cause != "hidden":
+            # A slow GPU whose cause shows: its clocks held down, with the throttle bit that says why.
+            clock = int(clock * self.pace)
+            if self.slow_cause == "power":
+                power, reasons = self.idle_w + (power - self.idle_w) * self.pace, reasons | REASON_HW_POWER_BRAKE
+            else:
+                reasons |= REASON_SW_THERMAL
         self.energy_mj += int((self.power + power) * 500 * dt)  # trapezoid, W·s -> mJ
         self.power = power
         self.temp += (inlet + self.rth * power - self.temp) * a_gpu
@@ -118,7 +139,7 @@ class SimGpu:
         return self._record(power, clock, reasons, job, dt, noise)
 
     def _busy(self, t: float, job: Job, noise: float) -> tuple[float, int, int]:
-        act = job.act * self.pace
+        act = job.act * self.share
         demand = self.idle_w + (POWER_LIMIT_W - self.idle_w) * job.power * act * self.eff
         demand *= 1 + 0.015 * noise
         clock, reasons = MAX_SM_MHZ, 0
@@ -138,8 +159,11 @@ class SimGpu:
             util = sm = tensor = dram = fp64 = nvl = 0.0
             pcie_tx, pcie_rx = 2.0e5, 4.5e5
         else:
-            act = job.act * self.pace * (1 + 0.01 * noise)
-            util, sm, tensor, dram = job.util * act, job.sm * act, job.tensor * act, job.dram * act
+            act = job.act * self.share * (1 + 0.01 * noise)
+            # Utilisation counts any kernel running, a collective's waiting kernel too: it stays
+            # high on a rank that waits for a slow peer. SM and tensor activity do not.
+            util = job.util * job.act * (1 + 0.01 * noise)
+            sm, tensor, dram = job.sm * act, job.tensor * act, job.dram * act
             fp64, nvl = job.fp64 * act, job.nvlink_bps * act
             pcie_tx, pcie_rx = job.pcie_bps * 0.3 * act, job.pcie_bps * act
         self.nvlink_bandwidth += int(2 * nvl * dt / 1024)

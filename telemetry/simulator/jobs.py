@@ -37,6 +37,10 @@ PAUSE_ACTIVITY = 0.12  # utilisation during a checkpoint pause, as a share of fu
 WARMUP_ACTIVITY = 0.35  # loading data and compiling before the first step
 
 PENDING, RUNNING, PREEMPTED = "PENDING", "RUNNING", "PREEMPTED"
+# A data-parallel step computes for 70-90 % of its time and spends the rest in the all-reduce that
+# overlap did not hide (typical of large dense models on NVLink + InfiniBand).
+COMPUTE_SHARE = (0.70, 0.90)
+REPORTS_COMPUTE = 0.5  # share of training jobs whose trainer measures compute time per rank
 TRAINING_KINDS = frozenset({"pretrain", "finetune"})  # kinds that report per-rank training steps
 # kind: (job names, accounts, seconds per training step or None)
 KIND_META: dict[str, tuple] = {
@@ -98,6 +102,11 @@ class Job:
     left: float = 0.0  # run time still owed when it was preempted
     step_s: float = 0.0  # seconds per training step at full pace (training kinds only)
     steps: float = 0.0  # training steps done
+    # Share of a step spent computing (forward and backward) when every rank keeps full pace; the
+    # rest is the gradients' all-reduce, which no rank can finish before the slowest one joins it.
+    compute_share: float = 0.8
+    reports_compute: bool = False  # its ranks report compute time (CUDA events), not only step time
+    wall: float = 1.0  # this tick's step time as a multiple of step_s (`feed.lock_step`)
     own_metrics: bool = False  # a scenario reports this job's training metrics itself
 
     @property
@@ -267,6 +276,8 @@ class Scheduler:
         job.partition = "debug" if job.kind == "debug" else "gpu"
         job.outcome = m.choices(tuple(OUTCOMES), tuple(OUTCOMES.values()))[0]
         job.step_s = round(m.uniform(*step_s), 3) if step_s else 0.0
+        job.compute_share = round(m.uniform(*COMPUTE_SHARE), 3)
+        job.reports_compute = m.random() < REPORTS_COMPUTE
         return job
 
     # --- the queue ----------------------------------------------------------------------------

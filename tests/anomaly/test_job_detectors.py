@@ -26,7 +26,7 @@ from anomaly.models import Anomaly
 from telemetry.api.jobs import parse_snapshot
 from telemetry.api.training import _record, do_record_training_steps
 from telemetry.ingest.schema import TimeParser
-from telemetry.models import Allocation, Gpu, Job, Node, TrainingStep
+from telemetry.models import SAMPLE_MODELS, Allocation, Gpu, Job, Node, TrainingStep
 from telemetry.simulator.dynamics import Cluster
 from telemetry.simulator.scenarios import ScenarioSet, parse_spec
 from telemetry.simulator.topology import topology_document
@@ -311,6 +311,98 @@ def test_steady_jobs_with_falling_loss_give_no_findings():
         _steps(job, NOW - 3 * MINUTE, NOW, loss=lambda t: 1.5 + (NOW - t).total_seconds() / 100, seed=k)
     assert job_findings(NOW) == []
     assert set(KINDS) == {"straggler", "divergence"} and len(DIVERGENCE_FIELDS) == 4
+
+
+# --- lock-step jobs: compute time and the GPUs' own telemetry ----------------------------------------
+
+GpuSample = SAMPLE_MODELS["gpu"]["raw"]
+
+
+def _activity(gpus: list[Gpu], *, slow: dict[int, dict] | None = None, sm: float = 0.7, seed: int = 0,
+              start=NOW - MINUTE, end=NOW, every_s: int = 10) -> None:
+    """GPU samples every `every_s` in (start, end]: SM activity `sm` ± 1 %, clocks 1,755 MHz ± 0.5 %
+    under the power cap; `slow[rank]` overrides fields of that rank's GPU."""
+    rng, rows, t = random.Random(seed), [], start + timedelta(seconds=every_s)
+    while t <= end:
+        for rank, gpu in enumerate(gpus):
+            fields = {"sm_active": sm * (1 + 0.01 * rng.gauss(0, 1)), "sm_clock": 1755 * (1 + 0.005 * rng.gauss(0, 1)),
+                      "power_w": 690.0, "gpu_temp": 70.0, "throttle_reasons": 0x04, "nvlink_crc_flit_errors": 2,
+                      "nvlink_replay_errors": 0, "pcie_replay": 1, **(slow or {}).get(rank, {})}
+            rows.append(GpuSample(gpu_id=gpu.id, time=t, **fields))
+        t += timedelta(seconds=every_s)
+    GpuSample.objects.bulk_create(rows)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("evidence, cause", [
+    ({"sm_clock": 1520, "throttle_reasons": 0x04 | 0x20}, "thermal throttling"),
+    ({"sm_clock": 1520, "throttle_reasons": 0x04 | 0x80}, "power throttling"),
+    ({"sm_clock": 1520}, "clocks held down with no throttle reason reported"),
+    ({}, None),
+])
+def test_a_job_that_reports_nothing_has_its_slow_rank_found_by_sm_activity_and_its_cause_named(evidence, cause):
+    job, gpus = _place_job("920")
+    _activity(gpus, slow={11: {"sm_active": 0.7 * 1.13, **evidence}})
+    other, other_gpus = _place_job("921")
+    _activity(other_gpus, seed=1)
+    (finding,) = job_findings(NOW)
+    assert (finding.kind, finding.entity_kind, finding.entity_id) == ("straggler", "rank", "slurm:920#11")
+    assert finding.extra == {"gpu_uuid": gpus[11].uuid} and finding.host == gpus[11].node.hostname
+    primary = finding.contributions[0]
+    assert (primary.field, primary.basis) == ("sm_active", "gang median") and primary.deviation > 4
+    assert "computes 1.1" in finding.summary and "which wait for it in the collective" in finding.summary
+    if cause is None:
+        assert finding.summary.endswith("no cause visible in its GPU's telemetry") and len(finding.contributions) == 1
+    else:
+        assert finding.summary.endswith(f"likely cause: {cause}")
+        clock = finding.contributions[1]
+        assert (clock.field, clock.value) == ("sm_clock", 1520) and clock.expected == pytest.approx(1755, rel=0.01)
+
+
+@pytest.mark.django_db
+def test_nvlink_errors_rising_on_the_slow_rank_alone_are_named():
+    job, gpus = _place_job("922")
+    _activity(gpus, slow={3: {"sm_active": 0.8}})
+    GpuSample.objects.filter(gpu_id=gpus[3].id, time=NOW).update(nvlink_crc_flit_errors=40)
+    (finding,) = job_findings(NOW)
+    assert finding.entity_id == "slurm:922#3" and finding.summary.endswith("likely cause: NVLink errors rising")
+    assert [c.field for c in finding.contributions] == ["sm_active", "nvlink_crc_flit_errors"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("case", ["uniform", "idle gang", "slower but within 8 %", "joined this minute"])
+def test_gpu_activity_that_is_not_a_straggler_is_not_flagged(case):
+    start = NOW - timedelta(seconds=30) if case == "joined this minute" else NOW - timedelta(hours=1)
+    job, gpus = _place_job("923", start=start)
+    slow = {"uniform": {}, "idle gang": {5: {"sm_active": 0.15}},
+            "slower but within 8 %": {5: {"sm_active": 0.7 * 1.05}},
+            "joined this minute": {5: {"sm_active": 0.95}}}[case]
+    _activity(gpus, slow=slow, sm=0.1 if case == "idle gang" else 0.7)
+    assert job_findings(NOW) == []
+
+
+@pytest.mark.django_db
+def test_compute_time_finds_the_rank_that_lock_step_step_times_hide_and_one_finding_per_rank():
+    job, gpus = _place_job("924")
+    rows, rng = [], random.Random(5)
+    for k in range(1, 7):
+        t, wall = NOW - MINUTE + timedelta(seconds=10 * k), 1.0 * (1 + 0.015 * rng.gauss(0, 1))
+        for rank in range(16):
+            compute = 0.8 * (1.15 if rank == 7 else 1.0) * (1 + 0.015 * rng.gauss(0, 1))
+            rows.append(TrainingStep(job=job, rank=rank, time=t, step=k, compute_time_s=compute,
+                                     step_time_s=wall * (1 + 0.001 * rng.gauss(0, 1))))
+    TrainingStep.objects.bulk_create(rows)
+    _activity(gpus, slow={7: {"sm_active": 0.7 * 1.13, "sm_clock": 1500, "throttle_reasons": 0x24}})
+    (finding,) = job_findings(NOW)
+    assert finding.entity_id == "slurm:924#7"
+    primary = finding.contributions[0]
+    assert (primary.field, primary.label) == ("compute_time_s", "compute time")
+    assert primary.value / primary.expected == pytest.approx(1.15, rel=0.03)
+    assert finding.summary.endswith("likely cause: thermal throttling")
+    # Without compute times the same step times say nothing: every rank waited for rank 7.
+    TrainingStep.objects.update(compute_time_s=None)
+    GpuSample.objects.all().delete()
+    assert job_findings(NOW) == []
 
 
 # --- the simulator's scenarios, fed through the ingest actions ---------------------------------------

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from telemetry.actions import do_create_collector_token
 from telemetry.models import GpuEvent, TrainingStep
 from telemetry.simulator.dynamics import Cluster
-from telemetry.simulator.gpus import REASON_HW_THERMAL, REASON_SW_THERMAL
+from telemetry.simulator.gpus import REASON_HW_POWER_BRAKE, REASON_HW_THERMAL, REASON_SW_THERMAL
 from telemetry.simulator.scenarios import SCENARIOS, ScenarioError, ScenarioSet, parse_spec
 from telemetry.simulator.topology import RACK_POWER_CAP_W
 from tests.conftest import FIXED_NOW
@@ -113,7 +113,7 @@ def test_gpu_degrading_warns_at_least_an_hour_before_its_first_uncorrectable_err
 
 def test_cooling_failure_throttles_only_the_affected_row():
     # Two rows; the same seed without the scenario is the control for the other row.
-    _, scenarios, ticks = _run(1024, ["cooling-failure:row-01"], 36)
+    cluster, scenarios, ticks = _run(1024, ["cooling-failure:row-01"], 36)
     control_cluster = Cluster.build(1024, seed=3)
     control = [control_cluster.step(FIXED_NOW + timedelta(seconds=INTERVAL * k)) for k in range(36)]
     row1 = set(scenarios.records[0]["details"]["racks"])
@@ -128,8 +128,18 @@ def test_cooling_failure_throttles_only_the_affected_row():
     assert len(throttled) > 0.8 * len(busy) > 0
     assert any(f["throttle_reasons"] & REASON_HW_THERMAL for f in throttled)
     assert max(f["sm_clock"] for f in throttled) < 1980
-    others = [(b["rack"], b["gpus"]) for b in ticks[-1].batches if b["rack"] not in row1]
-    assert others == [(b["rack"], b["gpus"]) for b in control[-1].batches if b["rack"] not in row1]
+    # A job with nodes in both rows runs in lock-step: its GPUs in the other row wait for the throttled ones.
+    layout = cluster.layout
+    spans = {j.id for j in cluster.scheduler.jobs.values() if any(layout.racks[layout.nodes[i].rack].name in row1
+                                                                   for i in j.nodes)}
+    waiting = {layout.nodes[i].hostname for i, j in enumerate(cluster.scheduler.node_job) if j and j.id in spans}
+
+    def others(tick):
+        return [(b["rack"], [r for r in b["gpus"] if r["host"] not in waiting]) for b in tick.batches
+                if b["rack"] not in row1]
+
+    assert sum(len(gpus) for _, gpus in others(ticks[-1])) > 256, "most of the other row"
+    assert others(ticks[-1]) == others(control[-1])
 
 
 def test_nvlink_crc_errors_grow_faster_and_faster():
@@ -169,17 +179,57 @@ def test_congested_uplink_xmit_wait_rises_on_the_leaf_uplinks_and_downlinks():
     assert down[-1]["xmit_wait"] - down[-2]["xmit_wait"] > 0.2 * rise[-1]
 
 
-def test_straggler_rank_runs_at_lower_utilisation_and_power():
-    cluster, scenarios, ticks = _run(64, ["straggler"], 20)
+def _straggler(name: str, seed: int = 3, ticks: int = 20):
+    cluster, scenarios, out = _run(64, [name], ticks, seed=seed)
     details = scenarios.records[0]["details"]
     job = cluster.scheduler.jobs[int(scenarios.records[0]["entity"])]
     uuids = [g.spec.uuid for i in job.nodes for g in cluster.gpus[i]]
     assert uuids[details["rank"]] == details["gpu_uuid"]
+    return details, job, uuids, out
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_a_straggler_is_busy_while_its_peers_wait_and_every_rank_reports_the_same_step_time(seed):
+    details, job, uuids, ticks = _straggler("straggler", seed)
+    assert details["slowdown"] == 1.15 and details["reports"] == "step and compute time"
     fields = {r["uuid"]: r["fields"] for r in ticks[-1].records("gpus") if r["uuid"] in uuids}
     slow, peers = fields.pop(details["gpu_uuid"]), list(fields.values())
-    ratio = slow["gpu_util"] / (sum(f["gpu_util"] for f in peers) / len(peers))
-    assert abs(ratio - 1 / details["slowdown"]) < 0.05
-    assert slow["power_w"] < min(f["power_w"] for f in peers)
+    sm = sorted(f["sm_active"] for f in peers)
+    ratio = slow["sm_active"] / sm[len(sm) // 2]
+    # In lock-step the busy ratio is the compute ratio, diluted a little by the collective's own SM use.
+    assert 1.08 < ratio < 1.17, ratio
+    # Utilisation counts the waiting collective's kernel: it does not tell the slow rank apart.
+    util = sorted(f["gpu_util"] for f in peers)
+    assert abs(slow["gpu_util"] / util[len(util) // 2] - 1) < 0.03
+    body = next(b for b in ticks[-1].steps if b["job"] == f"slurm:sim-{job.id}")
+    walls = [r["step_time_s"] for r in body["records"]]
+    assert max(walls) / min(walls) < 1.01, "a synchronous step takes the same wall time on every rank"
+    compute = {r["rank"]: r["compute_time_s"] for r in body["records"]}
+    mine = compute.pop(details["rank"])
+    others = sorted(compute.values())
+    assert mine / others[len(others) // 2] == pytest.approx(1.15, rel=0.06)
+    assert max(walls) > mine, "the step is the slow rank's compute plus the all-reduce"
+
+
+def test_the_slow_cause_shows_in_the_gpus_clocks_and_throttle_bits():
+    seen = {}
+    for seed in range(3, 12):
+        details, _, uuids, ticks = _straggler("straggler", seed, ticks=12)
+        fields = {r["uuid"]: r["fields"] for r in ticks[-1].records("gpus") if r["uuid"] in uuids}
+        slow, peers = fields.pop(details["gpu_uuid"]), list(fields.values())
+        clocks = sorted(f["sm_clock"] for f in peers)
+        seen[details["cause"]] = (slow["sm_clock"] / clocks[len(clocks) // 2], slow["throttle_reasons"])
+    assert set(seen) == {"thermal", "power", "hidden"}, "nine seeds draw every cause"
+    assert seen["thermal"][0] < 0.92 and seen["thermal"][1] & REASON_SW_THERMAL
+    assert seen["power"][0] < 0.92 and seen["power"][1] & REASON_HW_POWER_BRAKE
+    assert seen["hidden"][0] > 0.97 and not seen["hidden"][1] & (REASON_SW_THERMAL | REASON_HW_POWER_BRAKE)
+
+
+def test_a_hardware_only_straggler_job_reports_no_steps():
+    details, job, _, ticks = _straggler("straggler-hw")
+    assert details["reports"] == "nothing"
+    assert any(t.steps for t in ticks), "other training jobs report steps"
+    assert f"slurm:sim-{job.id}" not in {b["job"] for t in ticks for b in t.steps}
 
 
 def test_rack_over_cap_pdus_draw_more_than_the_cap():
@@ -245,8 +295,9 @@ def test_truth_file_lists_every_armed_scenario_with_its_entity_and_times(tmp_pat
             assert uuids[entity] == line["host"]
         elif kind == "port":
             assert entity in cluster.fabric.ports
-        elif kind == "job":
-            assert cluster.layout.nodes[cluster.scheduler.jobs[int(entity)].nodes[0]].hostname == line["host"]
+        elif kind == "job":  # its first node, or a straggler's slow rank's
+            hosts = [cluster.layout.nodes[i].hostname for i in cluster.scheduler.jobs[int(entity)].nodes]
+            assert hosts[line["details"].get("rank", 0) // 8] == line["host"]
     _run(128, specs, 1, speed=5, truth=tmp_path / "again.jsonl")
     assert (tmp_path / "again.jsonl").read_bytes() == (tmp_path / "truth.jsonl").read_bytes()
 

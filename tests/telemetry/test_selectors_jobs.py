@@ -154,6 +154,19 @@ def test_one_slow_rank_alone_is_a_straggler(cluster):
     assert slow["step_time_ratio"] == pytest.approx(1.5, rel=0.03) and slow["steps"] == 30
 
 
+def test_a_lock_step_gang_is_judged_on_compute_time_where_its_ranks_report_it(cluster):
+    job = make_job("205")
+    allocate(job, [("a1", [0, 1, 2, 3]), ("a2", [0, 1, 2, 3])])
+    steps(job, {r: 1.2 for r in range(8)})  # every rank waits for the slow one: the same wall time
+    assert job_detail(job.id, now=NOW)["gang"]["stragglers"] == []
+    for rank in range(8):
+        TrainingStep.objects.filter(job=job, rank=rank).update(compute_time_s=1.15 if rank == 6 else 0.95)
+    detail = job_detail(job.id, now=NOW)
+    assert detail["gang"]["stragglers"] == [6] and detail["ranks"][6]["step_time_s"] == pytest.approx(1.15)
+    series = job_step_series(job.id, NOW - timedelta(minutes=15), NOW)
+    assert {r["rank"]: max(r["step_time_s"]) for r in series["ranks"]}[6] == pytest.approx(1.15)
+
+
 def test_a_uniform_gang_has_no_straggler(cluster):
     job = make_job("201")
     allocate(job, [("a1", [0, 1, 2, 3]), ("a2", [0, 1, 2, 3])])

@@ -158,12 +158,17 @@ def test_runner_puts_jobs_allocations_and_a_straggling_rank_into_breakwater(live
     straggling = jobs[f"sim-{truth['entity']}"]
     assert straggling.start_time == FIXED_NOW - timedelta(minutes=3), "the backfill reports the job's history"
     rank, slowdown = truth["details"]["rank"], truth["details"]["slowdown"]
-    per_rank = defaultdict(list)
-    for r, step_time in TrainingStep.objects.filter(job__external_id=f"sim-{truth['entity']}").values_list(
-            "rank", "step_time_s"):
+    per_rank, compute = defaultdict(list), defaultdict(list)
+    for r, step_time, compute_time in TrainingStep.objects.filter(
+            job__external_id=f"sim-{truth['entity']}").values_list("rank", "step_time_s", "compute_time_s"):
         per_rank[r].append(step_time)
+        compute[r].append(compute_time)
     assert sorted(per_rank) == list(range(16)) and min(map(len, per_rank.values())) >= 3
     assert TrainingStep.objects.filter(job=straggling, time__lt=FIXED_NOW).exists()
+    # Lock-step: the slow rank's step time is everyone's; its compute time is its own.
     slow = statistics.median(per_rank.pop(rank))
     gang = statistics.median(x for times in per_rank.values() for x in times)
-    assert slow / gang == pytest.approx(slowdown, rel=0.03)
+    assert slow / gang == pytest.approx(1.0, abs=0.01)
+    live_compute = [x for x in compute.pop(rank) if x is not None][-3:]  # after it slowed (the story starts at 0)
+    gang_compute = statistics.median(x for times in compute.values() for x in times[-3:])
+    assert statistics.median(live_compute) / gang_compute == pytest.approx(slowdown, rel=0.05)

@@ -217,6 +217,23 @@ def test_edited_file_updates_in_place_and_moves_gpu():
 
 
 @pytest.mark.django_db
+def test_a_swapped_gpu_gives_its_slot_to_the_one_the_file_puts_there():
+    do_import_topology(_doc("good.yaml"))
+    doc = _doc("good.yaml")
+    node = doc["sites"][0]["halls"][0]["rows"][0]["racks"][0]["nodes"][0]
+    old_uuid = node["gpus"][1]["uuid"]
+    node["gpus"][1] = {**node["gpus"][1], "uuid": "GPU-00000000-1111-2222-3333-444444444444", "serial": "999"}
+
+    result = do_import_topology(doc)
+
+    old, new = Gpu.objects.get(uuid=old_uuid), Gpu.objects.get(uuid="GPU-00000000-1111-2222-3333-444444444444")
+    assert (new.node_id, new.index) == (old.node_id, node["gpus"][1]["index"])
+    assert old.index is None, "the swapped-out GPU keeps its history but no longer holds the slot"
+    assert (result["gpus"].created, result["gpus"].removed) == (1, 1)
+    assert Gpu.objects.filter(node_id=new.node_id, index=new.index).count() == 1
+
+
+@pytest.mark.django_db
 def test_auto_registered_unplaced_node_gets_placed_with_same_ids():
     # As ingest registers them: hostname only, no rack; the GPU with what telemetry reported.
     node = Node.objects.create(hostname="gpu-0003", rack=None)

@@ -144,3 +144,17 @@ def test_a_job_remembered_by_id_that_was_deleted_or_names_another_job_gets_its_s
     assert post("slurm:77", 3).status_code == 200
     assert steps_of("77") == [2, 3] and steps_of("78") == []
     assert training._JOB_IDS[("slurm", "77")] == again.id
+
+
+def test_compute_time_is_stored_per_rank_and_a_bad_one_is_400_naming_it(asgi_server, client):
+    token = do_create_collector_token("trainer")
+    ranks = [TrainingReporter(asgi_server.url, token, job="slurm:77", rank=r, flush_every=1) for r in (0, 1)]
+    for r in ranks:
+        r.step(5, step_time_s=1.0, compute_time_s=0.8 * (1.15 if r.rank else 1.0), loss=2.0)
+    with connection.cursor() as cur:
+        cur.execute("SELECT rank, step_time_s, compute_time_s FROM telemetry_training_step ORDER BY rank")
+        assert cur.fetchall() == [(0, 1.0, 0.8), (1, 1.0, pytest.approx(0.92))]
+    body = {"job": "slurm:77", "records": [{"rank": 0, "step": 6, "compute_time_s": "fast"}]}
+    resp = client.post("/api/v1/training", data=json.dumps(body), content_type="application/json",
+                       HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert resp.status_code == 400 and resp.json()["error"]["where"] == "$.records[0].compute_time_s"

@@ -27,13 +27,13 @@ from telemetry.simulator.scenarios.gpu import FallenOffBus, GpuDegrading, GpuSil
 from telemetry.simulator.scenarios.network import CongestedUplink, IbLinkFlap, PortDegraded
 from telemetry.simulator.scenarios.node import NodeDown
 from telemetry.simulator.scenarios.site import CoolingFailure, RackOverCap
-from telemetry.simulator.scenarios.training import Divergence, Straggler
+from telemetry.simulator.scenarios.training import Divergence, Straggler, StragglerHardware
 
 __all__ = ["SCENARIOS", "ScenarioError", "ScenarioSet", "Spec", "parse_spec"]
 
 SCENARIOS: dict[str, type[Scenario]] = {cls.name: cls for cls in (
-    GpuDegrading, CoolingFailure, NvlinkCrc, IbLinkFlap, CongestedUplink, Straggler, RackOverCap,
-    Divergence, FallenOffBus, GpuSilent, NodeDown, PortDegraded,
+    GpuDegrading, CoolingFailure, NvlinkCrc, IbLinkFlap, CongestedUplink, Straggler, StragglerHardware,
+    RackOverCap, Divergence, FallenOffBus, GpuSilent, NodeDown, PortDegraded,
 )}
 SPEC_RE = re.compile(r"(?P<name>[a-z0-9-]+)(?:@(?P<start>\d+(?:\.\d+)?))?(?::(?P<entity>.+))?")
 

@@ -1,4 +1,4 @@
-"""Training-job stories: a straggling rank and a diverging run.
+"""Training-job stories: a straggling rank (reporting its compute time, or nothing) and a diverging run.
 
 Each starts its own two-node pretraining job at arming (before the scheduler fills the
 cluster), held for the whole story so no random fault ends it early. A rank is
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from telemetry.simulator.gpus import SLOW_CAUSES
 from telemetry.simulator.scenarios.base import Scenario, iso
 
 MINUTE = 60.0
@@ -37,24 +38,50 @@ class _JobScenario(Scenario):
 
 
 class Straggler(_JobScenario):
-    """One rank's GPU runs slower (a bad SXM power stage, a throttled clock domain): lower
-    utilisation and power on that GPU while its peers carry on."""
+    """One rank's GPU computes 1.15× slower (thermal or power throttling, or a fault no counter
+    shows). The job is synchronous: every rank's step takes the slow rank's compute plus the
+    all-reduce, so every rank reports the same, longer step time. What differs is the slow rank's
+    compute time, which this job's trainer reports (CUDA events, docs/training.md), and its GPU's
+    SM activity: busy while its peers idle in the collective."""
 
     name = "straggler"
+    SLOWDOWN = 1.15
 
     def choose(self, taken: set[int]) -> None:
         super().choose(taken)
+        self.job.reports_compute = True
         self.rank = self.rng.randrange(len(self.ranks))
-        self.slowdown = round(self.rng.uniform(1.3, 1.8), 3)
+        self.cause = self.rng.choice(SLOW_CAUSES)
         _, g = self.ranks[self.rank]
         self.gpu, self.host = g, g.host
-        self.details.update({"rank": self.rank, "gpu_uuid": g.spec.uuid, "slowdown": self.slowdown})
+        self.details.update({"rank": self.rank, "gpu_uuid": g.spec.uuid, "slowdown": self.SLOWDOWN,
+                             "cause": self.cause, "reports": self.reports})
+
+    @property
+    def reports(self) -> str:
+        return "step and compute time"
 
     def before(self, t: float, dt: float) -> list[str]:
         if self.elapsed(t) >= 0 and self.gpu.pace == 1.0:
-            self.gpu.pace = 1 / self.slowdown
-            return [f"scenario {self.name}: rank {self.rank} of job {self.entity} slows down"]
+            self.gpu.pace, self.gpu.slow_cause = 1 / self.SLOWDOWN, self.cause
+            return [f"scenario {self.name}: rank {self.rank} of job {self.entity} computes "
+                    f"{self.SLOWDOWN}x slower ({self.cause})"]
         return []
+
+
+class StragglerHardware(Straggler):
+    """The same slow rank in a job that reports nothing at all: only the GPUs' telemetry, joined
+    to the job through the allocation ledger, can tell."""
+
+    name = "straggler-hw"
+
+    def choose(self, taken: set[int]) -> None:
+        super().choose(taken)
+        self.job.own_metrics = True  # and it sends none
+
+    @property
+    def reports(self) -> str:
+        return "nothing"
 
 
 class Divergence(_JobScenario):
