@@ -11,7 +11,7 @@ all-reduce that waits for the slowest), so a slow rank is found by what really d
   the ratio of their compute times. The same StragglerDetector judges both, so "8 % slower and
   4σ" means the same thing either way. A rank both ways flagged is one finding.
 The likely cause is named from the slow GPU's own telemetry against its peers': clocks held down
-with a thermal or power throttle bit, NVLink or PCIe errors rising.
+with a thermal or power throttle bit, NVLink or PCIe errors rising, another busy job on its node.
 
 `job_findings(at)` is what the per-minute scoring pass (`anomaly.scoring.score_fleet`) calls for the
 kinds in `KINDS`; it reads and returns, and `anomaly.actions.do_record_findings` stores.
@@ -325,6 +325,10 @@ def _causes(h: _Slow, gpus: list[tuple]) -> tuple[list[str], tuple[Contribution,
         if bits:
             evidence.append(Contribution("throttle_reasons", "throttle reasons", float(bits), None, float("nan"),
                                          "its GPU"))
+    # A neighbour: another job busy on the same node, sharing its CPUs, host memory and PCIe switches.
+    neighbours = sorted({g[0] for g in gpus if g[2] == mine[2] and g[0] != h.job and (g[4] or 0) >= HW_MIN_ACTIVE})
+    if neighbours and not causes:
+        causes.append(f"shares its node with {len(neighbours)} other busy job{'s' if len(neighbours) > 1 else ''}")
     for col, field, label, name in ((10, "nvlink_crc_flit_errors", "NVLink errors", "NVLink errors rising"),
                                     (11, "pcie_replay", "PCIe replays", "PCIe replays rising")):
         if (mine[col] or 0) > 0 and (typical(col) or 0) == 0:

@@ -370,6 +370,20 @@ def test_nvlink_errors_rising_on_the_slow_rank_alone_are_named():
 
 
 @pytest.mark.django_db
+def test_a_busy_job_sharing_the_slow_ranks_node_is_named_as_a_noisy_neighbour():
+    job, gpus = _place_job("925")
+    _activity(gpus, slow={0: {"sm_active": 0.8}})
+    neighbour = Job.objects.create(source="slurm", external_id="926", state="running", start_time=NOW - MINUTE * 60)
+    node = gpus[0].node
+    extra = Gpu.objects.create(node=node, index=8, uuid=f"GPU-{node.hostname}-8")
+    Allocation.objects.create(job=neighbour, node=node, gpu=extra, gpu_index=8, start=NOW - MINUTE * 60)
+    _activity([extra], sm=0.9, seed=3)
+    (finding,) = job_findings(NOW)
+    assert finding.entity_id == "slurm:925#0"
+    assert finding.summary.endswith("likely cause: shares its node with 1 other busy job")
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("case", ["uniform", "idle gang", "slower but within 8 %", "joined this minute"])
 def test_gpu_activity_that_is_not_a_straggler_is_not_flagged(case):
     start = NOW - timedelta(seconds=30) if case == "joined this minute" else NOW - timedelta(hours=1)
