@@ -215,35 +215,52 @@ def _raw_sql(r: Rollup) -> str:
             f"    WHERE time >= %(start)s AND time < %(end)s\n)\n"
         )
         return src + _insert(r, "src", aggs, "count(*)", "bucket__")
-    # A counter's first reading in the slice steps from the last reading before the slice, within
-    # COUNTER_LOOKBACK. Those readings are already rolled up (the slice starts at the watermark), and
-    # each closed bucket keeps its newest reading as <f>_last: the seed reads at most 5 buckets per
-    # entity there instead of running the window over 5 minutes of raw rows, which at 65k fabric ports
-    # was five times the rows of the minute being rolled up.
+    # The previous non-NULL reading comes from a running last() (PostgreSQL's lag() cannot skip
+    # NULLs). Ordering the window by (bucket, time), the same order as by time, hands the GROUP BY
+    # its rows already sorted, which saves a second sort of the whole slice. last()'s final
+    # function is read-only, so the window is computed incrementally.
+    prev = "".join(
+        f",\n           last({n}, time) FILTER (WHERE {n} IS NOT NULL) OVER w AS {n}__prev" for n in counters
+    )
+    cte = (
+        f"{_seeded_rows(r, counters)},\n"
+        f"src AS (\n    SELECT *, time_bucket(%(width)s, time) AS bucket__{prev}\n    FROM seeded\n"
+        f"    WINDOW w AS (PARTITION BY {keys} ORDER BY time_bucket(%(width)s, time), time "
+        f"ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)\n)\n"
+    )
+    # _insert's time filter keeps the slice's rows and drops the seed rows (timed at the lookback,
+    # before the slice). It cannot move below the window: it is not on the window's partition keys.
+    return cte + _insert(r, "src", aggs, "count(*)", "bucket__")
+
+
+def _seeded_rows(r: Rollup, counters: list[str]) -> str:
+    """CTEs `seed` and `seeded`: the slice's raw rows, and before them one seed row per entity.
+
+    A counter's first reading in the slice steps from the last reading before the slice, within
+    COUNTER_LOOKBACK. Those readings are already rolled up (the slice starts at the watermark), and
+    each closed bucket keeps its newest reading as <f>_last: the seed reads at most 5 buckets per
+    entity there instead of running the window over 5 minutes of raw rows, which at 65k fabric ports
+    was five times the rows of the minute being rolled up.
+
+    The seed enters as a row of its own, so the running last() in the window reaches it when the
+    slice has no earlier reading, rather than through a join. A join depends on row estimates, and
+    the newest minutes are always past the statistics of the last ANALYZE: the planner then expects
+    one row on each side and picks a nested loop that aggregates the seed again for every raw row,
+    quadratic in the entities. A union has no such plan.
+    """
+    keys = ", ".join(r.keys)
     seed = ",\n           ".join(
         f"last({n}_last, bucket) FILTER (WHERE {n}_last IS NOT NULL) AS {n}__seed" for n in counters
     )
-    # The previous non-NULL reading comes from a running last() (PostgreSQL's lag() cannot skip
-    # NULLs), else the seed. last()'s final function is read-only, so the window is computed
-    # incrementally. Ordering the window by (bucket, time), the same order as by time, hands the
-    # GROUP BY its rows already sorted, which saves a second sort of the whole slice.
-    prev = "".join(
-        f",\n           COALESCE(last(s.{n}, s.time) FILTER (WHERE s.{n} IS NOT NULL) OVER w, seed.{n}__seed)"
-        f" AS {n}__prev"
-        for n in counters
-    )
-    on = " AND ".join(f"seed.{k} = s.{k}" for k in r.keys)
-    cte = (
+    cols = ", ".join(f.name for f in r.fields)
+    seeded = ", ".join(f"{f.name}__seed" if f.kind == COUNTER else f"NULL::{f.sql_type}" for f in r.fields)
+    return (
         f"WITH seed AS (\n    SELECT {keys},\n           {seed}\n    FROM {r.target}\n"
         f"    WHERE bucket >= %(lookback)s AND bucket < %(start)s\n    GROUP BY {keys}\n),\n"
-        f"src AS (\n    SELECT s.*, time_bucket(%(width)s, s.time) AS bucket__{prev}\n"
-        f"    FROM {r.source} s LEFT JOIN seed ON {on}\n"
-        f"    WHERE s.time >= %(start)s AND s.time < %(end)s\n"
-        f"    WINDOW w AS (PARTITION BY {', '.join(f's.{k}' for k in r.keys)} "
-        f"ORDER BY time_bucket(%(width)s, s.time), s.time "
-        f"ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)\n)\n"
+        f"seeded AS (\n    SELECT {keys}, time, {cols}\n    FROM {r.source}\n"
+        f"    WHERE time >= %(start)s AND time < %(end)s\n"
+        f"    UNION ALL\n    SELECT {keys}, CAST(%(lookback)s AS timestamptz), {seeded}\n    FROM seed\n)"
     )
-    return cte + _insert(r, "src", aggs, "count(*)", "bucket__")
 
 
 def _rollup_sql(r: Rollup) -> str:
@@ -432,17 +449,20 @@ def _final_edge(r: Rollup, now: datetime, mark: RollupWatermark) -> datetime:
     return edge
 
 
+def sql_params(r: Rollup, start: datetime, end: datetime) -> dict:
+    """The parameters of `r.sql` for the buckets in [start, end)."""
+    lookback = start - COUNTER_LOOKBACK if r.has_counters else start
+    return {"start": start, "end": end, "width": r.interval, "lookback": lookback}
+
+
 def _execute(r: Rollup, start: datetime, end: datetime) -> tuple[int, float]:
     """Roll up the buckets in [start, end); returns (rows written, milliseconds)."""
-    params = {"start": start, "end": end, "width": r.interval, "lookback": start}
-    if r.has_counters:
-        params["lookback"] = start - COUNTER_LOOKBACK
     t0 = perf_counter()
     with connection.cursor() as cur:
         # The generated statements carry ~200 aggregates; JIT-compiling them costs seconds per
         # pass (more than it saves), and each pass is a fresh query.
         cur.execute("SET LOCAL jit = off")
-        cur.execute(r.sql, params)
+        cur.execute(r.sql, sql_params(r, start, end))
         rows = max(cur.rowcount, 0)
     return rows, (perf_counter() - t0) * 1000
 

@@ -420,3 +420,37 @@ def test_final_pass_recomputes_a_settled_minute_written_to_since(monkeypatch, la
     row = rollup_row("gpu", "1m", 1, T0 + 5 * MIN)
     assert row["gpu_util_max"] == 150.0
     assert row["samples"] == (4 if late == "new row" else 3)
+
+
+def _plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+@pytest.mark.django_db
+def test_counter_rollup_runs_every_plan_node_once_when_statistics_lag_behind_the_data():
+    """The minutes a pass rolls up lie past the last ANALYZE, where the planner expects almost no rows. With the
+    counter seed joined to the raw rows it then picked a nested loop that aggregated the seed again for every raw
+    row: quadratic in the ports. No node may run more than once."""
+    ports = range(1, 201)
+
+    def minutes(first: int, last: int) -> list:
+        return [(p, T0 + m * MIN, {"xmit_data_bytes": 1000 * m + p}) for m in range(first, last) for p in ports]
+
+    r = BY_NAME["port_1m"]
+    insert_samples("port", minutes(0, 3))
+    rollups._execute(r, T0, T0 + 3 * MIN)
+    with connection.cursor() as cur:  # the statistics end at 10:03, as autovacuum would leave them
+        cur.execute("ANALYZE telemetry_port_sample")
+        cur.execute("ANALYZE telemetry_port_sample_1m")
+    insert_samples("port", minutes(3, 12))
+    rollups._execute(r, T0 + 3 * MIN, T0 + 11 * MIN)
+    with connection.cursor() as cur:  # 10:11, its raw rows and its seed's minutes (10:06-10:10) all past them
+        cur.execute("SET LOCAL jit = off")
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + r.sql, rollups.sql_params(r, T0 + 11 * MIN, T0 + 12 * MIN))
+        plan = cur.fetchone()[0][0]["Plan"]
+    assert [n["Node Type"] for n in _plan_nodes(plan) if n["Actual Loops"] > 1] == []
+    # Each port's one reading of 10:11 steps from its 10:10 reading, which only the seed holds.
+    deltas = [rollup_row("port", "1m", p, T0 + 11 * MIN)["xmit_data_bytes_delta"] for p in ports]
+    assert deltas == [1000.0] * len(ports)
