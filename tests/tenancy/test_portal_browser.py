@@ -94,6 +94,11 @@ def test_tenant_sees_its_jobs_hardware_event_and_the_window_changes_the_list(asg
     JobStateChange.objects.create(job=old, time=old.start_time, state="running")
     UsageHour.objects.create(hour=floor_day(now) - timedelta(days=5), tenant=world["tenants"]["llm-core"], job=old,
                              gpu_model="H100", qos="normal", gpu_hours=1, busy_hours=1)
+    # The world's usage lies at 10:00-15:59 of the days before today: after 16:00 the last 24 hours would hold
+    # none of it, so job 101 is given the hour that has just ended.
+    hour = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    UsageHour.objects.create(hour=hour, tenant=world["tenants"]["llm-core"], job=world["jobs"]["101"],
+                             gpu_model="H100", qos="normal", gpu_hours=4, busy_hours=4)
     errors, page, url = [], browser_page, asgi_server.url
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
