@@ -1,7 +1,7 @@
 """GPU failure prediction, the pure part: precursor features, the estimator, time splits, metrics.
 
 Arrays in, arrays out; no Django. The loaders (`anomaly.failure_data` for the database, the
-simulated fleet in `anomaly.failure_pipeline`) both reduce a GPU's history at a cut time `t` to
+simulated fleets in `anomaly.failure_sim`) both reduce a GPU's history at a cut time `t` to
 the same named aggregates (`HISTORY_FIELDS`, one value per GPU and cut), and `failure_features`
 turns those into the feature matrix. Training and scoring therefore see the same features
 whichever history they came from.
@@ -22,9 +22,13 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.calibration import CalibratedClassifierCV
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.frozen import FrozenEstimator
+from sklearn.isotonic import IsotonicRegression
+from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, brier_score_loss, precision_recall_curve
 from sklearn.utils.validation import check_array, check_is_fitted
 from threadpoolctl import threadpool_limits
+
+from anomaly.failure_channels import TailReference, cross_channel, fit_channel_tails
 
 HOUR = 3600.0
 
@@ -34,13 +38,16 @@ HISTORY_FIELDS: tuple[str, ...] = (
     "sbe_1h", "sbe_24h", "sbe_total", "dbe_total", "retired_pages",
     "remapped_correctable", "remapped_uncorrectable", "remap_growth_24h", "remap_pending",
     "gpu_temp_max_24h", "memory_temp_max_24h", "hot_hours_24h",
-    "nvlink_crc_1h", "nvlink_crc_24h", "pcie_replay_24h",
+    "nvlink_crc_1h", "nvlink_crc_24h", "pcie_replay_24h", "idle_power_w",
+    "power_excess_1h", "gpu_temp_excess_1h", "memory_temp_excess_1h",
     "xid_memory_7d", "xid_bus_7d", "xid_nvlink_7d", "xid_app_7d", "xid_other_7d", "failures_30d",
-    "age_days", "row_number", "rack_position", "u_position", "gpu_index",
+    "age_days", "row_number", "rack_position", "u_position", "gpu_index", "survival_log_hazard",
 )
 # A 1h bucket counts as a temperature excursion when its max reaches the simulator's (and H100's)
 # software slowdown temperatures.
 HOT_GPU_C, HOT_MEMORY_C = 85.0, 95.0
+# A reading (or a whole bucket) is idle when utilisation stayed below this percentage: no kernel ran.
+IDLE_UTIL = 1.0
 
 
 @dataclass(frozen=True)
@@ -56,10 +63,11 @@ class Feature:
     label: str
     precursor: bool = True
     floor: float = 1.0  # the smallest robust σ used in explanations (one error, one degree, one hour)
+    increasing: bool = False  # held non-decreasing though not a precursor (a prior)
 
     @property
     def monotone(self) -> int:
-        return 1 if self.precursor else 0
+        return 1 if self.precursor or self.increasing else 0
 
 
 FEATURES: tuple[Feature, ...] = (
@@ -79,6 +87,10 @@ FEATURES: tuple[Feature, ...] = (
     Feature("nvlink_crc_1h", "NVLink CRC errors in the last hour"),
     Feature("nvlink_crc_trend", "NVLink CRC trend (last hour vs day, log ratio)", floor=0.5),
     Feature("pcie_replay_24h", "PCIe replays in the last day"),
+    Feature("idle_power_w", "idle power (W), newest idle reading in the day", floor=5.0),
+    Feature("power_excess_1h", "power above its node's other GPUs (W), last hour", floor=5.0),
+    Feature("gpu_temp_excess_1h", "GPU temperature above its node's other GPUs, last hour"),
+    Feature("memory_temp_excess_1h", "HBM temperature above its node's other GPUs, last hour"),
     Feature("xid_memory_7d", "memory XIDs/DBEs in 7 days"),
     Feature("xid_bus_7d", "bus XIDs in 7 days"),
     Feature("xid_nvlink_7d", "NVLink XIDs in 7 days"),
@@ -90,6 +102,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("rack_position", "rack position in row", precursor=False),
     Feature("u_position", "U position", precursor=False),
     Feature("gpu_index", "GPU index", precursor=False),
+    Feature("survival_log_hazard", "hazard by age and height in the rack (Titan), log10 per day", precursor=False,
+            increasing=True),
 )
 FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in FEATURES)
 _COPIED = {f.name for f in FEATURES} & set(HISTORY_FIELDS)
@@ -98,6 +112,43 @@ _COPIED = {f.name for f in FEATURES} & set(HISTORY_FIELDS)
 def _log_ratio(recent: np.ndarray, day: np.ndarray) -> np.ndarray:
     """log(1 + last hour) - log(1 + hourly mean over the day): > 0 when errors accelerate."""
     return np.log1p(recent) - np.log1p(day / 24.0)
+
+
+# Peer excess: a GPU against the other GPUs of its node, which run the same job on the same coolant,
+# so workload and inlet temperature cancel and what is left is the GPU's own (a hotter die at the same
+# power, more power for the same work). Loaders provide the last-hour averages as PEER_SOURCES.
+PEER_SOURCES = {"power_excess_1h": "power_avg_1h", "gpu_temp_excess_1h": "gpu_temp_avg_1h",
+                "memory_temp_excess_1h": "memory_temp_avg_1h"}
+
+
+def peer_excess(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Each row's value minus the median of the other rows of its group (NaN without a peer)."""
+    values, group = np.asarray(values, float), np.asarray(group)
+    out = np.full(len(values), np.nan)
+    if not len(values):
+        return out
+    _, inverse = np.unique(group, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    g = inverse[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    slot = np.arange(len(g)) - np.repeat(starts, np.diff(np.r_[starts, len(g)]))
+    table = np.full((len(starts), slot.max() + 1), np.nan)
+    table[g, slot] = values[order]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a GPU alone on its node: no peer
+        for j in range(table.shape[1]):
+            others = table.copy()
+            others[:, j] = np.nan
+            here = slot == j
+            out[order[here]] = values[order[here]] - np.nanmedian(others, axis=1)[g[here]]
+    return out
+
+
+def with_peer_excess(values: dict[str, np.ndarray], group: np.ndarray) -> dict[str, np.ndarray]:
+    """`values` with the PEER_SOURCES averages replaced by their peer excess."""
+    out = {k: v for k, v in values.items() if k not in PEER_SOURCES.values()}
+    out.update({name: peer_excess(values[src], group) for name, src in PEER_SOURCES.items()})
+    return out
 
 
 def failure_features(history: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -310,6 +361,76 @@ def failure_metrics(frame: FailureFrame, p, threshold: float, horizon_s: float) 
     }
 
 
+def _by_gpu_then_time(gpu, time) -> np.ndarray:
+    return np.lexsort((np.asarray(time, float), np.asarray(gpu)))
+
+
+def alarm_onsets(gpu, time, p, threshold: float) -> np.ndarray:
+    """Per row, True where an alarm opens: the row is at or above `threshold` and the GPU's previous row
+    (by time) was not, or it has none. An alarm stays one alarm while the GPU stays at risk, as a
+    `failure_risk` event is opened once and extended."""
+    gpu, p = np.asarray(gpu), np.asarray(p, float)
+    order = _by_gpu_then_time(gpu, time)
+    alert = p[order] >= threshold
+    first = np.r_[True, gpu[order][1:] != gpu[order][:-1]]
+    out = np.zeros(len(p), dtype=bool)
+    out[order] = alert & (first | ~np.r_[False, alert[:-1]])
+    return out
+
+
+def cut_step(times) -> float:
+    """The spacing of the cut times (seconds): the median gap between distinct times."""
+    distinct = np.unique(np.asarray(times, float))
+    if len(distinct) < 2:
+        raise ValueError("one cut time has no spacing: GPU-days cannot be counted")
+    return float(np.median(np.diff(distinct)))
+
+
+def false_alarm_rate(gpu, time, p, threshold: float, step_s: float) -> tuple[int, float]:
+    """(alarms opened, GPU-days observed) over rows of GPUs that did not fail; each row stands for one
+    cut step of its GPU's time."""
+    return int(alarm_onsets(gpu, time, p, threshold).sum()), len(p) * step_s / 86_400
+
+
+def alarms_allowed(gpu_days: float, per_1k_gpu_days: float, confidence: float | None) -> float:
+    """How many alarms opened over `gpu_days` still support a rate of at most `per_1k_gpu_days`.
+
+    With `confidence` None, the point estimate: the budget itself. Else the largest count k whose
+    one-sided Poisson upper bound at `confidence` (chi²(confidence, 2k+2) / 2) is within the budget; -1
+    when not even zero alarms is (the slice is too short to show the rate with that confidence).
+    """
+    budget = per_1k_gpu_days * gpu_days / 1000
+    if confidence is None:
+        return budget
+    from scipy.stats import chi2
+
+    k = -1
+    while chi2.ppf(confidence, 2 * (k + 2)) / 2 <= budget:
+        k += 1
+    return float(k)
+
+
+def false_alarm_threshold(gpu, time, p, *, per_1k_gpu_days: float, step_s: float,
+                          confidence: float | None = None) -> float:
+    """The lowest threshold at which the rows of healthy GPUs open at most `alarms_allowed` alarms (a rate
+    of `per_1k_gpu_days` per 1,000 GPU-days, as a point estimate or, with `confidence`, as an upper
+    bound), and at which every higher candidate does too.
+
+    Candidates are the healthy rows' own scores, from the highest down; the scan stops at the first
+    that opens too many alarms. When even the highest does, the threshold lies just above it (no
+    healthy row alarms)."""
+    p = np.asarray(p, float)
+    if not len(p):
+        raise ValueError("no healthy rows to count false alarms on")
+    budget = alarms_allowed(len(p) * step_s / 86_400, per_1k_gpu_days, confidence)
+    chosen = float(min(1.0, np.nextafter(p.max(), np.inf)))
+    for candidate in np.unique(p)[::-1]:
+        if alarm_onsets(gpu, time, p, candidate).sum() > budget:
+            break
+        chosen = float(candidate)
+    return chosen
+
+
 # --- explanations ----------------------------------------------------------------------------------
 def fleet_typical(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per feature, the fleet median and robust σ (1.4826 MAD, at least the feature's floor)."""
@@ -340,7 +461,19 @@ class FailurePredictor(ClassifierMixin, BaseEstimator):
     `times` the row order is taken as time order. `monotonic_cst="precursors"` holds the risk
     non-decreasing in every precursor of `FEATURES` (X must then have exactly those columns);
     None leaves the trees free, a sequence is passed to the trees as is. With `alert_threshold=None` the alert threshold
-    is the one that maximises F1 on the calibration slice (within [0.05, 0.95]). `n_threads` caps
+    is chosen on the calibration slice by `alert_rule`: "f1" maximises F1 there (within [0.05, 0.95]);
+    "false_alarms" is the lowest threshold at which the GPUs with no failure ahead open at most
+    `false_alarms_per_1k_gpu_days` alarms per 1,000 GPU-days (`false_alarm_threshold`; `fit` then needs
+    `groups`, the GPU of each row), by default as a one-sided 95 % Poisson upper bound
+    (`false_alarm_confidence`; None for the point estimate). A threshold whose point estimate just meets
+    the rate on the slice it was chosen on misses it on other fleets: the alarms are few (a few per
+    thousand GPU-days) and the threshold sits on the largest healthy scores, the least stable ones.
+    With `cross_channel` (the default; X must have the FEATURES columns) the probability is not the
+    trees' alone: the trees' score and the largest channel surprise
+    (`cross_channel`, how rare a GPU's most unusual precursor is among the trees' rows with no failure
+    ahead) are each turned into their own rarity among the calibration slice's rows with no failure
+    ahead, and the larger of the two is calibrated. A fault shape the trees never saw still alarms when
+    its channel is rarer than anything healthy. `n_threads` caps
     the trees' OpenMP threads: workers share their host, and an oversubscribed OpenMP team spins
     (the same fit took 0.5 s on one thread and 17 s on two busy cores).
 
@@ -351,8 +484,9 @@ class FailurePredictor(ClassifierMixin, BaseEstimator):
     def __init__(self, *, learning_rate: float = 0.1, max_iter: int = 100, max_leaf_nodes: int = 15,
                  min_samples_leaf: int = 40, l2_regularization: float = 1.0, class_weight=None,
                  calibration: str = "isotonic", calibration_fraction: float = 0.25, calibration_gap: float = 0.0,
-                 monotonic_cst="precursors", alert_threshold: float | None = None, n_threads: int | None = 1,
-                 random_state: int = 0):
+                 monotonic_cst="precursors", alert_threshold: float | None = None, alert_rule: str = "f1",
+                 false_alarms_per_1k_gpu_days: float = 1.0, false_alarm_confidence: float | None = 0.95,
+                 cross_channel: bool = True, n_threads: int | None = 1, random_state: int = 0):
         self.learning_rate = learning_rate
         self.max_iter = max_iter
         self.max_leaf_nodes = max_leaf_nodes
@@ -364,6 +498,10 @@ class FailurePredictor(ClassifierMixin, BaseEstimator):
         self.calibration_gap = calibration_gap
         self.monotonic_cst = monotonic_cst
         self.alert_threshold = alert_threshold
+        self.alert_rule = alert_rule
+        self.false_alarms_per_1k_gpu_days = false_alarms_per_1k_gpu_days
+        self.false_alarm_confidence = false_alarm_confidence
+        self.cross_channel = cross_channel
         self.n_threads = n_threads
         self.random_state = random_state
 
@@ -382,13 +520,23 @@ class FailurePredictor(ClassifierMixin, BaseEstimator):
             raise ValueError(f"calibration must be 'isotonic' or 'sigmoid', got {self.calibration!r}")
         if self.alert_threshold is not None and not 0 < self.alert_threshold < 1:
             raise ValueError(f"alert_threshold must be in (0, 1) or None, got {self.alert_threshold}")
+        if self.alert_rule not in ("f1", "false_alarms"):
+            raise ValueError(f"alert_rule must be 'f1' or 'false_alarms', got {self.alert_rule!r}")
+        if not self.false_alarms_per_1k_gpu_days > 0:
+            raise ValueError(f"false_alarms_per_1k_gpu_days must be > 0, got {self.false_alarms_per_1k_gpu_days}")
+        c = self.false_alarm_confidence
+        if c is not None and not 0 < c < 1:
+            raise ValueError(f"false_alarm_confidence must be in (0, 1) or None, got {c}")
 
-    def fit(self, X, y, times=None, sample_weight=None):
+    def fit(self, X, y, times=None, sample_weight=None, groups=None):
+        """`groups`: the GPU of each row, needed by alert_rule="false_alarms" to count alarms per GPU."""
         self._validate()
+        if self.alert_rule == "false_alarms" and self.alert_threshold is None and groups is None:
+            raise ValueError("alert_rule='false_alarms' needs groups (the GPU of each row) to count alarms")
         with threadpool_limits(limits=self.n_threads, user_api="openmp"):
-            return self._fit(X, y, times, sample_weight)
+            return self._fit(X, y, times, sample_weight, groups)
 
-    def _fit(self, X, y, times, sample_weight):
+    def _fit(self, X, y, times, sample_weight, groups):
         X = check_array(X, ensure_all_finite="allow-nan", dtype=float)
         y = np.asarray(y).astype(int).ravel()
         if len(y) != len(X) or not set(np.unique(y)) <= {0, 1}:
@@ -400,26 +548,66 @@ class FailurePredictor(ClassifierMixin, BaseEstimator):
             if len(np.unique(y[rows])) < 2:
                 raise ValueError(f"the {name} slice needs failures and non-failures; it has {int(y[rows].sum())} "
                                  f"failure rows of {len(rows)}")
-        trees = HistGradientBoostingClassifier(
-            learning_rate=self.learning_rate, max_iter=self.max_iter, max_leaf_nodes=self.max_leaf_nodes,
-            min_samples_leaf=self.min_samples_leaf, l2_regularization=self.l2_regularization,
-            class_weight=self.class_weight, monotonic_cst=self._constraints(X.shape[1]), early_stopping=False,
-            random_state=self.random_state)
-        trees.fit(X[fit], y[fit], sample_weight=w[fit])
-        self.trees_ = trees
-        self.calibrated_ = CalibratedClassifierCV(FrozenEstimator(trees), method=self.calibration)
-        with warnings.catch_warnings():
-            # "weights will only be used for the calibration itself": exactly the intent, the trees are frozen.
-            warnings.filterwarnings("ignore", message=".*FrozenEstimator does not appear to accept sample_weight")
-            self.calibrated_.fit(X[cal], y[cal], sample_weight=w[cal])
+        if self.cross_channel and X.shape[1] != len(FEATURES):
+            raise ValueError(f"cross_channel needs the {len(FEATURES)} FEATURES columns, X has {X.shape[1]}")
+        self.trees_ = self._trees(X[fit], y[fit], w[fit], self._constraints(X.shape[1]))
+        if not self.cross_channel:
+            self.calibrated_ = CalibratedClassifierCV(FrozenEstimator(self.trees_), method=self.calibration)
+            with warnings.catch_warnings():
+                # "weights will only be used for the calibration itself": the intent, the trees are frozen.
+                warnings.filterwarnings("ignore", message=".*FrozenEstimator does not appear to accept sample_weight")
+                self.calibrated_.fit(X[cal], y[cal], sample_weight=w[cal])
+        else:
+            self._fit_cross_channel(X, y, w, fit, cal)
         self.classes_ = np.array([0, 1])
         self.n_features_in_ = X.shape[1]
-        self.threshold_ = self._threshold(X[cal], y[cal], w[cal])
+        self.threshold_ = self._threshold(X[cal], y[cal], w[cal], None if groups is None else
+                                          (np.asarray(groups)[cal], times[cal], cut_step(times)))
         return self
 
-    def _threshold(self, X, y, w) -> float:
+    def _trees(self, X, y, w, constraints) -> HistGradientBoostingClassifier:
+        return HistGradientBoostingClassifier(
+            learning_rate=self.learning_rate, max_iter=self.max_iter, max_leaf_nodes=self.max_leaf_nodes,
+            min_samples_leaf=self.min_samples_leaf, l2_regularization=self.l2_regularization,
+            class_weight=self.class_weight, monotonic_cst=constraints, early_stopping=False,
+            random_state=self.random_state).fit(X, y, sample_weight=w)
+
+    def _fit_cross_channel(self, X, y, w, fit, cal) -> None:
+        """1. channel tails on the trees' rows with no failure ahead; 2. on the calibration slice, the
+        trees' score and the largest channel surprise each become their own surprise among the rows
+        with no failure ahead there; 3. the larger of the two is the combined score, and its isotonic
+        (or sigmoid) map is the probability. No trees are fitted on the surprise: a fault shape never
+        seen in training has no rows to learn from, and trees learned "which channel" instead."""
+        self.channel_tails_ = fit_channel_tails(X[fit][y[fit] == 0], FEATURE_NAMES)
+        raw = self._raw_scores(X[cal])
+        healthy = y[cal] == 0
+        self.score_tails_ = tuple(TailReference.fit(r[healthy]) for r in raw)
+        z = self._combined(raw)
+        if self.calibration == "isotonic":
+            self.calibrated_ = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
+            self.calibrated_.fit(z, y[cal], sample_weight=w[cal])
+        else:  # Platt's sigmoid on the combined score
+            self.calibrated_ = LogisticRegression(C=1e6).fit(z[:, None], y[cal], sample_weight=w[cal])
+
+    def _raw_scores(self, X) -> tuple[np.ndarray, np.ndarray]:
+        return self.trees_.predict_proba(X)[:, 1], cross_channel(X, self.channel_tails_, FEATURE_NAMES)
+
+    def _combined(self, raw) -> np.ndarray:
+        return np.max([tail.surprise(r) for tail, r in zip(self.score_tails_, raw, strict=True)], axis=0)
+
+    def _threshold(self, X, y, w, rows) -> float:
         if self.alert_threshold is not None:
             return float(self.alert_threshold)
+        if self.alert_rule == "false_alarms":
+            gpu, time, step = rows
+            healthy = ~np.isin(gpu, gpu[y == 1])  # GPUs with no failure ahead in the calibration slice
+            p = self.predict_proba(X[healthy])[:, 1]
+            threshold = false_alarm_threshold(gpu[healthy], time[healthy], p,
+                                              per_1k_gpu_days=self.false_alarms_per_1k_gpu_days, step_s=step,
+                                              confidence=self.false_alarm_confidence)
+            alarms, days = false_alarm_rate(gpu[healthy], time[healthy], p, threshold, step)
+            self.calibration_false_alarms_ = {"alarms": alarms, "gpu_days": round(days, 1)}
+            return threshold
         precision, recall, thresholds = precision_recall_curve(y, self.predict_proba(X)[:, 1], sample_weight=w)
         with np.errstate(invalid="ignore", divide="ignore"):
             f1 = np.nan_to_num(2 * precision * recall / (precision + recall))[:-1]
@@ -431,7 +619,13 @@ class FailurePredictor(ClassifierMixin, BaseEstimator):
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features; the model was fitted with {self.n_features_in_}")
         with threadpool_limits(limits=self.n_threads, user_api="openmp"):
-            return np.clip(self.calibrated_.predict_proba(X), 0.0, 1.0)
+            if not self.cross_channel:
+                return np.clip(self.calibrated_.predict_proba(X), 0.0, 1.0)
+            z = self._combined(self._raw_scores(X))
+            if isinstance(self.calibrated_, IsotonicRegression):
+                p = np.clip(self.calibrated_.predict(z), 0.0, 1.0)
+                return np.column_stack([1 - p, p])
+            return self.calibrated_.predict_proba(z[:, None])
 
     def predict(self, X) -> np.ndarray:
         return (self.predict_proba(X)[:, 1] >= self.threshold_).astype(int)

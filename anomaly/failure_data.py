@@ -6,10 +6,16 @@ What one GPU looks like at a cut time `t` (minute-aligned; see `anomaly.failure.
   ``[t - 1 h, t)``, which holds the same sums, maxima and last values);
 - the last day: the 1h buckets of the 24 full hours before ``floor_hour(t)`` plus the 1m buckets of
   the current partial hour, so the day reads 24 to 25 hours and no minute is counted twice;
+- peer excess: the GPU's last-hour average power, GPU and HBM temperature minus the median of its
+  node's other reporting GPUs (`anomaly.failure.peer_excess`);
+- idle power: the minimum power of the newest idle bucket in the day (no kernel ran: gpu_util below
+  1 %), a GPU's leakage floor whatever its jobs draw;
 - lifetime counters (aggregate SBE/DBE, remapped rows, retired pages): their newest value in the day;
 - events: `telemetry.models.GpuEvent` rows by first sighting, XIDs by class over 7 days and
   failures over 30 days before t (a row's `count` is ignored: it grows after t);
-- inventory: age since the GPU was first seen, and where it sits (row, rack position, U, index).
+- inventory: age since the GPU was first seen, and where it sits (row, rack position, U, index);
+- the survival prior: log10 of the day's failure hazard for its age and height in the rack, from the
+  active survival version (`anomaly.failure_prior`; NaN without one).
 
 Only GPUs with a 1m bucket in the last hour are rows: a GPU that stopped reporting cannot be scored.
 Scoring the whole fleet at one time is three set-based queries (inventory, rollups, events),
@@ -29,12 +35,15 @@ from anomaly.failure import (
     HISTORY_FIELDS,
     HOT_GPU_C,
     HOT_MEMORY_C,
+    IDLE_UTIL,
     Events,
     FailureFrame,
     event_history,
     failure_episodes,
     failure_labels,
+    with_peer_excess,
 )
+from anomaly.failure_prior import SurvivalPrior
 from telemetry.rollups import floor_bucket
 
 MINUTE, HOUR = timedelta(minutes=1), timedelta(hours=1)
@@ -57,7 +66,9 @@ _ROW_COLUMNS = f"""
     ecc_sbe_agg_last AS sbe_total, ecc_dbe_agg_last AS dbe_total,
     {_add("retired_sbe_last", "retired_dbe_last")} AS retired_pages,
     remapped_rows_correctable_last AS remapped_correctable,
-    remapped_rows_uncorrectable_last AS remapped_uncorrectable, row_remap_pending_last AS remap_pending"""
+    remapped_rows_uncorrectable_last AS remapped_uncorrectable, row_remap_pending_last AS remap_pending,
+    power_w_min AS power_min, gpu_util_max AS util_max, power_w_avg AS power_avg, gpu_temp_avg AS temp_avg,
+    memory_temp_avg AS mem_temp_avg"""
 
 
 def _last(col: str) -> str:
@@ -85,20 +96,30 @@ SELECT gpu_id,
        count(DISTINCT hour) FILTER (WHERE day AND (gpu_temp_max >= %(hot_gpu)s OR memory_temp_max >= %(hot_mem)s))
            AS hot_hours_24h,
        sum(crc) FILTER (WHERE recent) AS nvlink_crc_1h, sum(crc) FILTER (WHERE day) AS nvlink_crc_24h,
-       sum(pcie) FILTER (WHERE day) AS pcie_replay_24h
+       sum(pcie) FILTER (WHERE day) AS pcie_replay_24h,
+       last(power_min, ts) FILTER (WHERE day AND util_max < %(idle_util)s AND power_min IS NOT NULL) AS idle_power_w,
+       avg(power_avg) FILTER (WHERE recent) AS power_avg_1h, avg(temp_avg) FILTER (WHERE recent) AS gpu_temp_avg_1h,
+       avg(mem_temp_avg) FILTER (WHERE recent) AS memory_temp_avg_1h
 FROM w GROUP BY gpu_id HAVING bool_or(recent) ORDER BY gpu_id
 """
 
 # Rows are numbered across the inventory by (site, hall, row name), so a row keeps its number whatever
-# GPUs report; unplaced nodes get NULLs.
+# GPUs report; unplaced nodes get NULLs. A node's height is its rank among its rack's nodes by U position
+# over their count, [0, 1) from the bottom (the survival prior's vertical third).
 INVENTORY_SQL = """
 WITH numbered AS (
     SELECT rw.id, row_number() OVER (ORDER BY h.site_id, h.name, rw.name) AS n
     FROM telemetry_row rw JOIN telemetry_hall h ON h.id = rw.hall_id
+), stacked AS (
+    SELECT id, (rank() OVER (PARTITION BY rack_id ORDER BY u_position) - 1)::float8
+               / count(*) OVER (PARTITION BY rack_id) AS height
+    FROM telemetry_node WHERE rack_id IS NOT NULL AND u_position IS NOT NULL
 )
-SELECT g.id, g.uuid, n.hostname, extract(epoch FROM g.first_seen), g.index, n.u_position, r.position, nb.n
+SELECT g.id, g.uuid, n.hostname, extract(epoch FROM g.first_seen), g.index, n.u_position, r.position, nb.n,
+       st.height
 FROM telemetry_gpu g JOIN telemetry_node n ON n.id = g.node_id
 LEFT JOIN telemetry_rack r ON r.id = n.rack_id LEFT JOIN numbered nb ON nb.id = r.row_id
+LEFT JOIN stacked st ON st.id = n.id
 ORDER BY g.id
 """
 
@@ -112,19 +133,21 @@ class Inventory:
     host: list[str]
     first_seen: np.ndarray
     location: dict[str, np.ndarray]  # gpu_index, u_position, rack_position, row_number
+    height: np.ndarray  # the node's rank among its rack's nodes over their count (NaN unplaced)
 
 
 def load_inventory() -> Inventory:
     with connection.cursor() as cur:
         cur.execute(INVENTORY_SQL)
         rows = cur.fetchall()
-    cols = list(zip(*rows, strict=True)) if rows else [()] * 8
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 9
 
     def num(k: int) -> np.ndarray:
         return np.array([np.nan if v is None else float(v) for v in cols[k]], dtype=float)
 
     return Inventory(np.array(cols[0], dtype=np.int64), list(cols[1]), list(cols[2]), num(3),
-                     {"gpu_index": num(4), "u_position": num(5), "rack_position": num(6), "row_number": num(7)})
+                     {"gpu_index": num(4), "u_position": num(5), "rack_position": num(6), "row_number": num(7)},
+                     num(8))
 
 
 def load_events(start: datetime, end: datetime) -> Events:
@@ -139,7 +162,8 @@ def load_rollups(t: datetime) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(GPU ids, rollup aggregates) for the GPUs that reported in the hour before minute-aligned `t`."""
     h0 = floor_bucket(t, HOUR)
     params = {"t": t, "h0": h0, "hour_ago": t - HOUR, "minutes_from": t if t == h0 else t - HOUR,
-              "day_ago": h0 - 24 * HOUR, "hot_gpu": HOT_GPU_C, "hot_mem": HOT_MEMORY_C}
+              "day_ago": h0 - 24 * HOUR, "hot_gpu": HOT_GPU_C, "hot_mem": HOT_MEMORY_C,
+              "idle_util": IDLE_UTIL}
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SET LOCAL jit = off")  # a fresh statement each cut: compiling costs more than it saves
         cur.execute(HISTORY_SQL, params)
@@ -171,10 +195,21 @@ def _aligned(t: datetime) -> datetime:
     return floor_bucket(t, MINUTE)
 
 
-def load_history(t: datetime, *, inventory: Inventory | None = None, events: Events | None = None) -> GpuHistory:
+def load_prior() -> SurvivalPrior | None:
+    """The survival prior from the active survival version (`fit_survival`), None without one."""
+    from anomaly.models import ModelKind
+    from anomaly.registry import load_active
+
+    active = load_active(ModelKind.SURVIVAL)
+    return None if active is None else SurvivalPrior.from_report(active[1])
+
+
+def load_history(t: datetime, *, inventory: Inventory | None = None, events: Events | None = None,
+                 prior: SurvivalPrior | None | bool = True) -> GpuHistory:
     """Every reporting GPU's history aggregates at `t` (floored to the minute).
 
-    Pass `inventory` and `events` (covering the 30 days before t) to reuse them across cut times.
+    Pass `inventory` and `events` (covering the 30 days before t) to reuse them across cut times, and
+    `prior` (a SurvivalPrior, or None for none) to skip looking up the active survival version.
     """
     t = _aligned(t)
     ids, values = load_rollups(t)
@@ -188,7 +223,12 @@ def load_history(t: datetime, *, inventory: Inventory | None = None, events: Eve
     values.update(event_history(ids, ev, ts))
     values.update({k: v[pos] for k, v in inv.location.items()})
     values["age_days"] = np.maximum(0.0, (ts - inv.first_seen[pos]) / 86_400)
-    return GpuHistory(t, ids, [inv.uuid[k] for k in pos], [inv.host[k] for k in pos], values)
+    prior = load_prior() if prior is True else prior
+    values["survival_log_hazard"] = (prior.log_hazard_24h(values["age_days"], inv.height[pos]) if prior
+                                     else np.full(len(ids), np.nan))
+    hosts = [inv.host[k] for k in pos]
+    values = with_peer_excess(values, np.array(hosts, dtype=object))
+    return GpuHistory(t, ids, [inv.uuid[k] for k in pos], hosts, values)
 
 
 def cut_times(start: datetime, end: datetime, step: timedelta) -> list[datetime]:
@@ -213,12 +253,12 @@ def build_training_frame(start: datetime, end: datetime, *, horizon: timedelta, 
     if not 0 < negative_keep <= 1:
         raise ValueError(f"negative_keep must be in (0, 1], got {negative_keep}")
     cuts = cut_times(start, end, step)
-    inventory = load_inventory()
+    inventory, prior = load_inventory(), load_prior()
     events = load_events(start - EVENT_LOOKBACK, end + horizon)
     rng, h = np.random.default_rng(seed), horizon.total_seconds()
     frames = []
     for k, t in enumerate(cuts):
-        hist = load_history(t, inventory=inventory, events=events)
+        hist = load_history(t, inventory=inventory, events=events, prior=prior)
         y = failure_labels(hist.gpu_id, events, t.timestamp(), h)
         keep = (y == 1) | (rng.random(len(y)) < negative_keep)
         weight = np.where(y == 1, 1.0, 1.0 / negative_keep)

@@ -8,8 +8,9 @@ Entry points (plain functions, for `manage.py train_models`, `manage.py score` a
 - ``score_failure_risk(at) -> dict`` scores every reporting GPU with the active version, stores each
   GPU's risk and a `failure_risk` event for each GPU at or above the alert threshold. Without an
   active version it does nothing and says so (``{"scored": 0, "version": None, "skipped": ...}``).
-- ``bootstrap_failure_model(now=None, *, progress=None) -> (ModelVersion, Promotion)`` trains on a
-  simulated fleet when the site has no failures yet (see `simulate_history`).
+- ``bootstrap_failure_model(now=None, *, progress=None) -> (ModelVersion, Promotion)`` trains on
+  simulated fleets with failures from every degradation family when the site has no failures yet
+  (`anomaly.failure_sim.simulate_fleet`, `anomaly.failure_families`).
 
 Training, in order:
 1. rows = (GPU, cut time) with history aggregates, labelled by failures in (t, t + horizon];
@@ -24,8 +25,6 @@ Training, in order:
 from __future__ import annotations
 
 import logging
-import random
-import warnings
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -35,24 +34,29 @@ from sklearn.exceptions import NotFittedError
 from anomaly.actions import do_record_findings, do_store_risks
 from anomaly.failure import (
     FEATURE_NAMES,
-    HISTORY_FIELDS,
-    HOT_GPU_C,
-    HOT_MEMORY_C,
     HOUR,
-    Events,
     FailureFrame,
     FailurePredictor,
-    event_history,
     failure_episodes,
     failure_features,
-    failure_labels,
     failure_metrics,
     fleet_typical,
     lead_times,
     time_split,
     top_precursors,
 )
-from anomaly.failure_data import EVENT_LOOKBACK, Progress, build_training_frame, load_events, load_history
+from anomaly.failure_data import (
+    EVENT_LOOKBACK,
+    Progress,
+    build_training_frame,
+    load_events,
+    load_history,
+    load_prior,
+)
+from anomaly.failure_eval import EVAL_PARAMS
+from anomaly.failure_families import FAMILIES
+from anomaly.failure_prior import SurvivalPrior, titan_prior
+from anomaly.failure_sim import simulate_fleet
 from anomaly.findings import Contribution, Finding
 from anomaly.models import AnomalyKind, ModelKind, ModelVersion
 from anomaly.registry import Promotion, do_promote_version, do_record_holdout, do_register_version, load_active
@@ -103,15 +107,18 @@ def train_failure_model(now: datetime, *, window: timedelta = timedelta(days=30)
 
 
 def fit_and_register(frame: FailureFrame, *, horizon: timedelta, params: dict, train_start=None, train_end=None,
-                     now: datetime | None = None, seed: int = 0,
+                     now: datetime | None = None, seed: int = 0, alert_rule: str = "f1",
+                     model_params: dict | None = None,
                      progress: Progress | None = None) -> tuple[ModelVersion, Promotion]:
-    """Steps 2-5 of the module docstring on a built frame."""
+    """Steps 2-5 of the module docstring on a built frame (`alert_rule` and `model_params` go to
+    `FailurePredictor`)."""
     h = horizon.total_seconds()
-    model = FailurePredictor(calibration_gap=h, random_state=seed)
+    model = FailurePredictor(calibration_gap=h, alert_rule=alert_rule, random_state=seed, **(model_params or {}))
     train, hold = _split(frame, model, h)
     X = frame.X
     _step(progress, "fit", 0, 1)
-    model.fit(X[train], frame.y[train], times=frame.time[train], sample_weight=frame.weight[train])
+    model.fit(X[train], frame.y[train], times=frame.time[train], sample_weight=frame.weight[train],
+              groups=frame.gpu[train])
     _step(progress, "fit", 1, 1)
     holdout = frame.take(hold)
     metrics = {"primary": "pr_auc", "higher_is_better": True,
@@ -220,223 +227,37 @@ def _finding(hist, k: int, p: float, x: np.ndarray, median, sigma, horizon_h: fl
                    summary=f"{p:.0%} risk of failure within {horizon_h:g} h: {why}"[:300])
 
 
-# --- bootstrap from a simulated fleet ------------------------------------------------------------------
-SIM_FIELDS = ("ecc_sbe_agg", "ecc_sbe_vol", "ecc_dbe_vol", "ecc_dbe_agg", "remapped_rows_correctable",
-              "remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failure", "gpu_temp", "memory_temp",
-              "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "pcie_replay", "energy_mj", "xid")
-SIM_EPOCH = datetime(2026, 1, 5, tzinfo=UTC)  # the simulated clock; any hour-aligned time would do
-SIM_WARMUP_H, SIM_CUT_H = 12, 24  # history before the first cut; span of cut times per run
-UNKNOWN_IN_SIMULATION = ("age_days", "row_number", "rack_position", "u_position", "gpu_index")
-
-
-def bootstrap_failure_model(now: datetime | None = None, *, gpus: int = 512, runs: int = 3, stories: int = 24,
-                            horizon: timedelta = timedelta(hours=24), tick_s: float = 300.0,
-                            step: timedelta = timedelta(minutes=15), seed: int = 1,
+# --- bootstrap from simulated fleets -------------------------------------------------------------------
+def bootstrap_failure_model(now: datetime | None = None, *, gpus: int = 1024, runs: int = 3, failures: int = 32,
+                            sudden_share: float = 0.2, horizon: timedelta = timedelta(hours=24),
+                            tick_s: float = 300.0, step: timedelta = timedelta(minutes=15), seed: int = 1,
                             progress: Progress | None = None) -> tuple[ModelVersion, Promotion]:
-    """Train, register and promote (if no worse) a failure model on `runs` simulated fleets of `gpus`
-    GPUs, each running `stories` gpu-degrading scenarios plus the simulator's random faults."""
+    """Train, register and promote (if no worse) a failure model on `runs` simulated fleets of `gpus` GPUs,
+    each with `failures` planted failures from every degradation family (`anomaly.failure_families`, a
+    `sudden_share` of them without precursors) plus the simulator's random faults. The alert threshold
+    opens at most one false alarm per 1,000 GPU-days on the calibration slice (see `failure_eval`)."""
     now = now or timezone.now()
+    prior = site_prior()
     frames = []
     for r in range(runs):
-        frames.append(simulate_history(gpus=gpus, stories=stories, horizon=horizon, tick_s=tick_s, step=step,
-                                       seed=seed + r, offset=r, progress=progress))
+        fleet = simulate_fleet(gpus=gpus, failures=failures, sudden_share=sudden_share, horizon=horizon,
+                               tick_s=tick_s, step=step, seed=seed + r, offset=r, prior=prior, progress=progress)
+        frames.append(fleet.frame)
         _step(progress, "simulate", r + 1, runs)
     frame = FailureFrame.concat(frames)
     params = {"trained_on": "simulation", "simulated_gpus": gpus, "simulated_runs": runs,
-              "simulated_stories_per_run": stories, "simulated_tick_s": tick_s, "step_min": step / timedelta(minutes=1),
-              "seed": seed, "note": "trained on the simulator's physics (gpu-degrading stories and random faults), "
-                                    "not on this site's failures; retrain once the site has failures"}
-    return fit_and_register(frame, horizon=horizon, params=params, now=now, seed=seed, progress=progress)
+              "simulated_failures_per_run": failures, "sudden_share": sudden_share, "families": list(FAMILIES),
+              "simulated_tick_s": tick_s, "step_min": step / timedelta(minutes=1), "seed": seed,
+              "survival_prior": prior is not None,
+              "note": "trained on the simulator's physics (the degradation families of anomaly.failure_families "
+                      "and random faults), not on this site's failures; retrain once the site has failures"}
+    return fit_and_register(frame, horizon=horizon, params=params, now=now, seed=seed, alert_rule="false_alarms",
+                            model_params=EVAL_PARAMS, progress=progress)
 
 
-def simulate_history(*, gpus: int = 512, stories: int = 24, horizon: timedelta = timedelta(hours=24),
-                     tick_s: float = 300.0, step: timedelta = timedelta(minutes=15), seed: int = 1, offset: int = 0,
-                     progress: Progress | None = None) -> FailureFrame:
-    """One simulated fleet's training rows, through the same `failure_features` as the database's.
+def site_prior() -> SurvivalPrior | None:
+    """The survival prior the site scores with: the active survival version's, else Titan's records if
+    they are at hand (fit_survival's default path), else none."""
+    from anomaly.management.commands.fit_survival import default_csv  # the one place that names the path
 
-    The fleet (`telemetry.simulator.dynamics.Cluster`, its random faults included) runs for
-    warm-up + cut span + horizon hours at `tick_s` with `stories` gpu-degrading scenarios whose
-    precursors fall inside the cut span. Its GPU records are reduced the way the rollups and the
-    ingest fault deriver reduce them (counter deltas with resets, max, last, XID changes, DBE
-    growth, kernel-log events), then to HISTORY_FIELDS at each cut. Run `offset` shifts the clock
-    and the GPU keys so runs can be stacked as one history.
-
-    Age and location are NaN: the simulator has no GPU age and strikes slots at random, and every run
-    reuses the same slots, so a model shown them would learn "the slot that failed in run 1" (it did:
-    a healthy GPU scored 0.30 for its slot alone). With them unknown the trees never split on them.
-    """
-    from telemetry.simulator.dynamics import Cluster
-    from telemetry.simulator.scenarios import ScenarioSet, Spec
-
-    h = horizon.total_seconds()
-    hours = SIM_WARMUP_H + SIM_CUT_H + h / HOUR
-    t0 = SIM_EPOCH + offset * timedelta(hours=hours)
-    rng = random.Random(f"breakwater-failure-bootstrap:{seed}")
-    # Stories start from an hour before the first cut to an hour before the last, so each one's
-    # precursors and failure fall among the cuts and their labels.
-    starts = sorted(rng.uniform(SIM_WARMUP_H - 1, SIM_WARMUP_H + SIM_CUT_H - 1) * 60 for _ in range(stories))
-    scenarios = ScenarioSet([Spec("gpu-degrading", m) for m in starts], seed=seed)
-    cluster = Cluster.build(gpus, seed=seed, scenarios=scenarios, interval=tick_s)
-    # Only GPU records are read: skip the fabric's rates and port records (a third of a tick's time).
-    # Neither draws random numbers, so the fleet's faults and stories are the same as with them.
-    cluster.fabric.step = cluster.fabric.records = lambda *args: None
-    ticks = int(hours * HOUR / tick_s)
-    record = _SimRecorder(cluster, ticks, key_base=offset * 1_000_000)
-    for k in range(ticks):
-        record.tick(k, cluster.step(t0 + timedelta(seconds=k * tick_s)))
-        if progress and k % 50 == 0:
-            progress(f"simulate run {offset + 1}", k, ticks)
-    first = (t0 + timedelta(hours=SIM_WARMUP_H)).timestamp()
-    cuts = np.arange(first, first + SIM_CUT_H * HOUR + 1, step.total_seconds())
-    return record.frame(cuts, h)
-
-
-class _SimRecorder:
-    """The simulated fleet's GPU records as (tick, GPU) arrays, and the events ingest would derive."""
-
-    def __init__(self, cluster, ticks: int, key_base: int):
-        flat = [(i, g) for i, gs in enumerate(cluster.gpus) for g in gs]
-        self.col = {g.spec.uuid: c for c, (_, g) in enumerate(flat)}
-        self.keys = key_base + np.arange(len(flat), dtype=np.int64)
-        self.values = np.full((len(SIM_FIELDS), ticks, len(flat)), np.nan)
-        self.times = np.zeros(ticks)
-        self.kmsg: list[tuple[int, float, str, int]] = []
-
-    def tick(self, k: int, tick) -> None:
-        self.times[k] = tick.time.timestamp()
-        records = tick.records("gpus")
-        cols = [self.col[r["uuid"]] for r in records]
-        rows = [[r["fields"][n] for n in SIM_FIELDS] for r in records]
-        if rows:
-            self.values[:, k, cols] = np.array(rows, dtype=float).T
-        for b in tick.batches:
-            self.kmsg += [(self.col[e["gpu_uuid"]], self.times[k], e["kind"], int(e.get("code") or 0))
-                          for e in b["events"]]
-
-    def field(self, name: str) -> np.ndarray:
-        return self.values[SIM_FIELDS.index(name)]
-
-    def frame(self, cuts: np.ndarray, horizon_s: float) -> FailureFrame:
-        events = _sim_events(self)
-        windows = _SimWindows(self)
-        frames = []
-        for t in cuts:
-            rows, values = windows.at(t)
-            values.update(event_history(rows, events, t))
-            values.update({k: np.full(len(rows), np.nan) for k in UNKNOWN_IN_SIMULATION})
-            y = failure_labels(rows, events, t, horizon_s)
-            frames.append(FailureFrame({n: values[n] for n in HISTORY_FIELDS}, self.keys[rows],
-                                       np.full(len(rows), t), y, np.ones(len(rows))))
-        frame = FailureFrame.concat(frames)
-        events.gpu = self.keys[events.gpu]
-        frame.episodes = failure_episodes(events, horizon_s)
-        return frame
-
-
-def _ffill_index(v: np.ndarray) -> np.ndarray:
-    """Per (tick, GPU), the tick of the newest reading at or before it (0 before the first)."""
-    idx = np.where(np.isnan(v), 0, np.arange(len(v))[:, None])
-    return np.maximum.accumulate(idx, axis=0)
-
-
-def _previous(v: np.ndarray) -> np.ndarray:
-    """Per (tick, GPU), the GPU's previous reading (NaN when it has none): the ingest's last value."""
-    filled = np.take_along_axis(v, _ffill_index(v), axis=0)
-    return np.vstack([np.full((1, v.shape[1]), np.nan), filled[:-1]])
-
-
-def _delta(v: np.ndarray) -> np.ndarray:
-    """Counter steps as the rollups take them: a drop is a reset and the new reading counts from zero."""
-    prev = _previous(v)
-    with np.errstate(invalid="ignore"):
-        return np.where(v >= prev, v - prev, np.where(v < prev, v, np.nan))
-
-
-def _sum2(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where(np.isnan(a) & np.isnan(b), np.nan, np.nan_to_num(a) + np.nan_to_num(b))
-
-
-def _sim_events(rec: _SimRecorder) -> Events:
-    """GPU events as ingest records them: derived from each record against the GPU's previous one
-    (a new XID code, DBE growth, a remap failure), plus kernel-log events; a repeat of an open event
-    merges into it, and a reset (energy or volatile ECC counter dropping) closes the GPU's events."""
-    f = rec.field
-    xid, dbe, rf = f("xid"), f("ecc_dbe_vol"), f("row_remap_failure")
-    p_xid, p_dbe, p_rf = _previous(xid), _previous(dbe), _previous(rf)
-    with np.errstate(invalid="ignore"):
-        reset = (f("energy_mj") < _previous(f("energy_mj"))) | (f("ecc_sbe_vol") < _previous(f("ecc_sbe_vol"))) \
-            | (dbe < p_dbe)
-        sightings = [(k, g, "xid", int(xid[k, g])) for k, g in zip(*np.nonzero((xid > 0) & (xid != p_xid)),
-                                                                     strict=True)]
-        sightings += [(k, g, "ecc_dbe", 0) for k, g in zip(*np.nonzero((dbe > np.nan_to_num(p_dbe)) & ~reset),
-                                                            strict=True)]
-        sightings += [(k, g, "row_remap_failure", 0) for k, g in zip(*np.nonzero((rf == 1) & (p_rf != 1)),
-                                                                      strict=True)]
-    tick_of = {t: k for k, t in enumerate(rec.times)}
-    sightings += [(tick_of[t], g, kind, code) for g, t, kind, code in rec.kmsg]
-    # Per tick, resets first (they close what was open by then), then sightings merge or open.
-    steps = sorted([(k, 0, g, "", 0) for k, g in zip(*np.nonzero(reset), strict=True)]
-                   + [(k, 1, g, kind, code) for k, g, kind, code in sightings])
-    rows, open_now = [], set()
-    for k, sighting, g, kind, code in steps:
-        if not sighting:
-            open_now = {key for key in open_now if key[0] != g}
-        elif (g, kind, code) not in open_now:
-            open_now.add((g, kind, code))
-            rows.append((g, rec.times[k], kind, code))
-    return Events.from_rows(rows)
-
-
-class _SimWindows:
-    """The rollup aggregates of HISTORY_FIELDS at any cut time, from the recorder's arrays."""
-
-    def __init__(self, rec: _SimRecorder):
-        f, self.times = rec.field, rec.times
-        d = {name: _delta(f(name)) for name in ("ecc_sbe_agg", "ecc_sbe_vol", "remapped_rows_correctable",
-                                                 "remapped_rows_uncorrectable", "nvlink_crc_flit_errors",
-                                                 "nvlink_crc_data_errors", "pcie_replay")}
-        steps = {"sbe": np.where(np.isnan(d["ecc_sbe_agg"]), d["ecc_sbe_vol"], d["ecc_sbe_agg"]),
-                 "remaps": _sum2(d["remapped_rows_correctable"], d["remapped_rows_uncorrectable"]),
-                 "crc": _sum2(d["nvlink_crc_flit_errors"], d["nvlink_crc_data_errors"]), "pcie": d["pcie_replay"]}
-        # Running sums (and counts of non-NULL steps, for SQL's NULL sum) with a leading zero row.
-        self.sums = {k: _cumsum0(np.nan_to_num(v)) for k, v in steps.items()}
-        self.counts = {k: _cumsum0(~np.isnan(v)) for k, v in steps.items()}
-        self.reported = _cumsum0(~np.isnan(f("energy_mj")))
-        self.temps = f("gpu_temp"), f("memory_temp")
-        with np.errstate(invalid="ignore"):
-            self.hot = (self.temps[0] >= HOT_GPU_C) | (self.temps[1] >= HOT_MEMORY_C)
-        lasts = {"sbe_total": "ecc_sbe_agg", "dbe_total": "ecc_dbe_agg", "remapped_correctable":
-                 "remapped_rows_correctable", "remapped_uncorrectable": "remapped_rows_uncorrectable",
-                 "remap_pending": "row_remap_pending"}
-        self.lasts = {k: (f(v), _ffill_index(f(v))) for k, v in lasts.items()}
-
-    def _sum(self, name: str, a: int, b: int) -> np.ndarray:
-        n = self.counts[name][b] - self.counts[name][a]
-        return np.where(n > 0, self.sums[name][b] - self.sums[name][a], np.nan)
-
-    def at(self, t: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """(GPU columns that reported in the hour before t, their aggregates)."""
-        h0 = t // HOUR * HOUR
-        a1, a24, b = np.searchsorted(self.times, [t - HOUR, h0 - 24 * HOUR, t])
-        rows = np.flatnonzero(self.reported[b] - self.reported[a1] > 0)
-        v = {"sbe_1h": self._sum("sbe", a1, b), "sbe_24h": self._sum("sbe", a24, b),
-             "remap_growth_24h": self._sum("remaps", a24, b), "nvlink_crc_1h": self._sum("crc", a1, b),
-             "nvlink_crc_24h": self._sum("crc", a24, b), "pcie_replay_24h": self._sum("pcie", a24, b)}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: a GPU silent all day
-            v["gpu_temp_max_24h"] = np.nanmax(self.temps[0][a24:b], axis=0) if b > a24 else np.nan
-            v["memory_temp_max_24h"] = np.nanmax(self.temps[1][a24:b], axis=0) if b > a24 else np.nan
-        hours = (self.times[a24:b] // HOUR).astype(np.int64)
-        starts = np.flatnonzero(np.r_[True, hours[1:] != hours[:-1]]) if b > a24 else np.zeros(0, np.int64)
-        gpus = self.hot.shape[1]
-        v["hot_hours_24h"] = (np.logical_or.reduceat(self.hot[a24:b], starts, axis=0).sum(axis=0)
-                              if len(starts) else np.zeros(gpus)).astype(float)
-        for name, (values, index) in self.lasts.items():
-            k = index[b - 1] if b else np.zeros(gpus, np.int64)
-            v[name] = np.where(k >= a24, values[k, np.arange(gpus)], np.nan)
-        v["retired_pages"] = np.full(gpus, np.nan)  # the simulated H100s remap rows; they retire no pages
-        return rows, {k: np.broadcast_to(np.asarray(x, float), (gpus,))[rows] for k, x in v.items()}
-
-
-def _cumsum0(x: np.ndarray) -> np.ndarray:
-    return np.vstack([np.zeros((1, x.shape[1])), np.cumsum(x, axis=0)])
+    return load_prior() or titan_prior(default_csv())
