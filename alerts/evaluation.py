@@ -14,7 +14,8 @@ Kinds and where they read:
   restart: the new value counts from zero), per GPU, node, rack or port;
 - xid: open XID fault events whose code, or whose catalogue action, the rule names; value = the code;
 - anomaly / risk: the anomaly app's current `EntityScore` (anomaly_score / failure_risk);
-- job: open straggler or divergence anomaly events, one alert per job;
+- job: straggling ranks and diverging jobs the detectors' latest pass found (members of open anomaly
+  events), one alert per job;
 - node_down: nodes that have reported but whose newest GPU sample is older than `threshold` seconds.
 """
 
@@ -241,19 +242,26 @@ def _scores(rule: Rule, now: datetime) -> list[Hit]:
 
 
 def _job(rule: Rule, now: datetime) -> list[Hit]:
-    from anomaly.models import Anomaly
+    """One hit per job with a rank straggling (or the job diverging) as of the detectors' latest pass.
+
+    Anomaly events are grouped by cause (`anomaly.grouping`): a straggling rank is a member of its
+    host's event, which stays open a while after the rank recovers. So the rule reads the members,
+    and only those the latest pass found: an alert resolves when the rank catches up, not an hour later.
+    """
+    from anomaly.selectors import current_members
 
     if rule.metric not in ("straggler", "divergence"):
         raise RuleError(f"a job rule watches 'straggler' or 'divergence', not {rule.metric!r}")
     compare = OPS.get(rule.op, operator.ge)
+    firing = current_members(rule.metric)
     jobs: dict[str, Hit] = {}
-    for a in Anomaly.objects.filter(kind=rule.metric, ended_at=None).order_by("-last_score"):
-        if rule.threshold is not None and not compare(a.last_score, rule.threshold):
+    for m in firing:
+        if rule.threshold is not None and not compare(m["last_score"], rule.threshold):
             continue
-        key, _, rank = a.entity_id.partition("#")
-        hit = jobs.setdefault(key, Hit(EntityKind.JOB, key, float(a.last_score),
-                                       annotations={"detail": a.summary, "ranks": "", "hosts": ""}))
-        for name, item in (("ranks", rank), ("hosts", a.host)):
+        key, _, rank = m["entity_id"].partition("#")
+        hit = jobs.setdefault(key, Hit(EntityKind.JOB, key, float(m["last_score"]),
+                                       annotations={"detail": m.get("summary", ""), "ranks": "", "hosts": ""}))
+        for name, item in (("ranks", rank), ("hosts", m.get("host", ""))):
             listed = hit.annotations[name].split(", ") if hit.annotations[name] else []
             if item and item not in listed:
                 hit.annotations[name] = ", ".join([*listed, item])
@@ -435,6 +443,39 @@ def rule_problem(rule: Rule, now: datetime) -> str | None:
     except (ValueError, TypeError, IndexError, AttributeError) as exc:
         return str(exc)
     return None
+
+
+class RuleReplay:
+    """Which alerts a set of rules would fire over a replayed timeline, touching no alert state.
+
+    For evaluations that play history through the pipeline (``scenario_eval``'s quiet hour): call it
+    at each evaluation time in order. Each rule is observed by the same code as a live pass (`observe`);
+    an entity observed continuously for the rule's `for_seconds` fires once, and fires again only after
+    an evaluation without it (resolved). Nothing is stored, routed or sent, so rules need not be saved.
+    """
+
+    def __init__(self, rules: list[Rule]):
+        self.rules = rules
+        self.since: dict[tuple[str, str], datetime] = {}  # (rule name, fingerprint) -> first observed
+        self.firing: set[tuple[str, str]] = set()
+        self.fired: list[dict] = []  # {at, rule, severity, kind, entity, summary}, in firing order
+
+    def __call__(self, now: datetime) -> int:
+        """Evaluate every rule at `now`; returns how many alerts fired."""
+        seen, before = set(), len(self.fired)
+        for rule in self.rules:
+            for o in observe(rule, now):
+                key = (rule.name, o.fingerprint)
+                seen.add(key)
+                since = self.since.setdefault(key, now)
+                if key not in self.firing and (now - since).total_seconds() >= rule.for_seconds:
+                    self.firing.add(key)
+                    self.fired.append({"at": now, "rule": rule.name, "severity": rule.severity, "kind": rule.kind,
+                                       "entity": o.entity_key, "summary": o.annotations.get("summary", "")})
+        for key in set(self.since) - seen:
+            del self.since[key]
+            self.firing.discard(key)
+        return len(self.fired) - before
 
 
 # --- The evaluation pass ---------------------------------------------------------------------------------

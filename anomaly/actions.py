@@ -2,9 +2,12 @@
 
 `do_record_findings` is the only way detectors' results reach the database:
 
-1. For every finding, extend the open event of (kind, entity) or open a new one.
-2. Close the open events of the kinds that ran this pass whose entity was not found again:
-   the anomaly has ended (ended_at = the last time it was seen).
+1. Every finding that names a metric far enough off (`grouping.evident`) becomes a member of an event
+   that stands for its cause (`anomaly.grouping`): the open event that already holds its entity, else
+   the open event of its cause key, else a new event.
+2. Close the open events whose cause has been quiet for `grouping.HOLD` (no finding of a kind that
+   ran): the anomaly has ended, as of the last time it was seen. A condition that comes back within
+   the hold extends its event instead of opening a new one every time it shows.
 3. Upsert the entities' current anomaly score (the largest over the kinds that ran), clearing the
    score of entities no longer abnormal, so a heatmap shows "now", not "ever".
 All in one transaction, so a reader never sees an event closed without its replacement.
@@ -17,11 +20,15 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.db import connection, transaction
+from django.db.models import Q
 
+from anomaly import grouping
 from anomaly.findings import Finding
 from anomaly.models import Anomaly, AnomalyKind, EntityScore
 
 logger = logging.getLogger(__name__)
+EVENT_FIELDS = ["kind", "entity_kind", "entity_id", "host", "last_seen", "last_score", "score", "summary",
+                "contributions", "members", "member_count", "model_version"]
 
 
 def do_record_findings(findings: Iterable[Finding], *, kinds: Iterable[str], at: datetime,
@@ -35,36 +42,74 @@ def do_record_findings(findings: Iterable[Finding], *, kinds: Iterable[str], at:
         key = (f.kind, f.entity_kind, f.entity_id)
         if key not in found or f.score > found[key].score:
             found[key] = f
+    streams = {grouping.stream(k) for k in kinds}
     with transaction.atomic():
-        open_rows = {(a.kind, a.entity_kind, a.entity_id): a for a in
-                     Anomaly.objects.select_for_update().filter(kind__in=kinds, ended_at=None)}
-        opened, extended = _open_or_extend(found, open_rows, at, model_version)
-        gone = [a.pk for key, a in open_rows.items() if key not in found]
-        closed = Anomaly.objects.filter(pk__in=gone).update(ended_at=at) if gone else 0
+        mine = Q(kind__in=kinds)
+        for s in streams:
+            mine |= Q(group_key__startswith=f"{s}|")
+        open_rows = list(Anomaly.objects.select_for_update().filter(mine, ended_at=None).order_by("pk"))
+        new, touched = _assign([f for f in found.values() if grouping.evident(f)], open_rows, at, model_version)
+        changed = [a for a in touched.values() if a.pk is not None]
+        Anomaly.objects.bulk_create(new, batch_size=500)
+        Anomaly.objects.bulk_update(changed, EVENT_FIELDS, batch_size=500)
+        closed = _close([a for a in open_rows if id(a) not in touched], kinds, at)
         if AnomalyKind.FAILURE_RISK not in kinds:  # the risk pass keeps its own column (do_store_risks)
             _store_scores(found, kinds, at)
-    logger.info("anomaly pass %s: %d opened, %d extended, %d closed", sorted(kinds), opened, extended, closed)
-    return {"opened": opened, "extended": extended, "closed": closed}
+    logger.info("anomaly pass %s: %d opened, %d extended, %d closed", sorted(kinds), len(new), len(changed), closed)
+    return {"opened": len(new), "extended": len(changed), "closed": closed}
 
 
-def _open_or_extend(found, open_rows, at, model_version) -> tuple[int, int]:
-    new, changed = [], []
-    for key, f in found.items():
-        contributions = [c.as_dict() for c in f.contributions]
-        row = open_rows.get(key)
-        if row is None:
-            new.append(Anomaly(kind=f.kind, entity_kind=f.entity_kind, entity_id=f.entity_id, host=f.host,
-                               started_at=at, last_seen=at, score=f.score, last_score=f.score, summary=f.text(),
-                               contributions=contributions, model_version=model_version))
-            continue
-        row.last_seen, row.last_score = at, f.score
-        if f.score >= row.score:  # keep the explanation of the worst moment
-            row.score, row.summary, row.contributions = f.score, f.text(), contributions
-        changed.append(row)
-    Anomaly.objects.bulk_create(new, batch_size=2000)
-    Anomaly.objects.bulk_update(changed, ["last_seen", "last_score", "score", "summary", "contributions"],
-                                batch_size=2000)
-    return len(new), len(changed)
+def _assign(found: list[Finding], open_rows: list[Anomaly], at: datetime,
+            model_version) -> tuple[list[Anomaly], dict[int, Anomaly]]:
+    """Every finding into its event (see `anomaly.grouping`), strongest first so an event's worst
+    moment is its strongest finding; returns (new events, every event touched by its id())."""
+    by_key = {a.group_key: a for a in open_rows}
+    by_entity: dict[tuple[str, str, str], Anomaly] = {}
+    for a in open_rows:
+        for m in a.members:
+            for k in grouping.entity_keys(m["kind"], m["entity_kind"], m["entity_id"], m.get("gpu", "")):
+                by_entity.setdefault(k, a)
+    leaves = grouping.port_leaves(f.entity_id for f in found if f.entity_kind == "port")
+    new: list[Anomaly] = []
+    touched: dict[int, Anomaly] = {}
+    for f in sorted(found, key=lambda f: (-f.score, f.kind, f.entity_kind, f.entity_id)):
+        keys = grouping.entity_keys(f.kind, f.entity_kind, f.entity_id, f.extra.get("gpu_uuid", ""))
+        a = next((by_entity[k] for k in keys if k in by_entity), None)
+        if a is None:
+            group = grouping.cause_key(f, leaves)
+            a = by_key.get(group)
+            if a is None:
+                a = by_key[group] = Anomaly(group_key=group, started_at=at, score=f.score, members=[],
+                                            model_version=model_version)
+                new.append(a)
+        if id(a) not in touched:  # its first finding this pass is its strongest
+            touched[id(a)] = a
+            a.last_seen, a.last_score = at, f.score
+            if f.score >= a.score or not a.members:
+                _worst_moment(a, f)
+        grouping.merge(a.members, f, at)
+        a.member_count = grouping.entities(a.members)
+        for k in keys:
+            by_entity.setdefault(k, a)
+    return new, touched
+
+
+def _worst_moment(a: Anomaly, f: Finding) -> None:
+    """The event shows its worst moment: that finding's detector, entity, score and explanation."""
+    a.kind, a.entity_kind, a.entity_id, a.host = f.kind, f.entity_kind, f.entity_id, f.host
+    a.score, a.summary, a.contributions = f.score, f.text(), [c.as_dict() for c in f.contributions]
+
+
+def _close(untouched: list[Anomaly], kinds: set[str], at: datetime) -> int:
+    """Close the events quiet for the hold whose detectors ran this pass, as of their last finding."""
+    done = []
+    for a in untouched:
+        ran = any(m.get("kind") in kinds for m in a.members) or a.kind in kinds
+        if ran and at - a.last_seen >= grouping.HOLD:
+            a.ended_at = a.last_seen
+            done.append(a)
+    Anomaly.objects.bulk_update(done, ["ended_at"], batch_size=500)
+    return len(done)
 
 
 def _store_scores(found: dict, kinds: set[str], at: datetime) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from anomaly import features as F
+from anomaly.grouping import group_text
 from anomaly.models import Anomaly, AnomalyKind
 from telemetry.fields import KINDS
 from telemetry.selectors.fleet import iso_utc
@@ -179,9 +180,11 @@ def entity(a: Anomaly, names: Names) -> tuple[str, str, str]:
 def row(a: Anomaly, names: Names) -> dict:
     """One event for display and for the JSON the live pages and alerts read."""
     text, host, title = entity(a, names)
+    text += group_text(a.members or [])  # an event per cause: its worst entity, "(+36 more ports)"
     reasons = [reason(c) for c in a.contributions if isinstance(c, dict)]
     return {"id": a.pk, "kind": a.kind, "kind_label": AnomalyKind(a.kind).label, "entity_kind": a.entity_kind,
             "entity_id": a.entity_id, "entity_text": text, "entity_title": title, "label": text, "host": host,
+            "member_count": a.member_count,
             "url": entity_url(a.entity_kind, a.entity_id), "score": round(a.score, 3),
             "last_score": round(a.last_score, 3), "summary": headline(a.summary, a.contributions),
             "reasons": reasons, "contributions": a.contributions, "started_at": iso_utc(a.started_at),

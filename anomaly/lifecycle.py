@@ -155,7 +155,7 @@ def score_all(now: datetime) -> dict:
     1. Each minute is its own transaction, which first takes the scoring advisory lock (transaction-scoped, so
        a killed worker's lock dies with its connection). If another process holds it, stop and report
        "skipped": that process is scoring the same minutes, and two passes at once would race on the open
-       events (anomaly_one_open_per_entity) and on the scores.
+       events (anomaly_one_open_per_group) and on the scores.
     2. Under the lock, re-read the kind's watermark (the last minute it committed; another process may have
        moved it since the last minute) and pick the minute after it. Further behind than the catch-up cap,
        jump to the oldest of the last `cap` minutes, logging and counting the minutes jumped over. With no

@@ -11,6 +11,7 @@ from datetime import datetime
 
 from django.db import connection
 from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Q, QuerySet
+from django.db.models.expressions import RawSQL
 
 from anomaly.display import rows
 from anomaly.models import Anomaly, AnomalyKind, EntityScore
@@ -100,6 +101,50 @@ def scoring_times() -> dict:
     return {name: iso_utc(at) if at else None for name, at in times.items()}
 
 
+def current_members(kind: str) -> list[dict]:
+    """The members of open events that the detectors' latest pass found, of detector `kind`, highest
+    last score first.
+
+    An event stays open for its cause's hold after a member recovers (`anomaly.grouping.HOLD`), and a
+    finding can be a member of an event another detector is the face of (a straggling rank in its host's
+    event), so "flagged now" is read from the members, not from the event's kind or its being open.
+    An event written without members (before grouping) is its own one member; with no pass recorded
+    (events written by other means), every open one counts."""
+    latest = EntityScore.objects.filter(entity_kind="fleet", entity_id="*").values_list("anomaly_at", flat=True).first()
+    events = Anomaly.objects.filter(Q(kind=kind) | Q(members__contains=[{"kind": kind}]), ended_at=None)
+    found = [m for a in events for m in a.members or [_as_member(a)] if m["kind"] == kind
+             and (latest is None or _when(m["last_seen"]) >= latest)]
+    return sorted(found, key=lambda m: -m["last_score"])
+
+
+def members_between(kind: str, start: datetime, end: datetime) -> list[dict]:
+    """The members of detector `kind` that were flagged at some time in [start, end), from any event."""
+    events = (Anomaly.objects.filter(Q(kind=kind) | Q(members__contains=[{"kind": kind}]), started_at__lt=end)
+              .filter(Q(ended_at__isnull=True) | Q(ended_at__gte=start)))
+    return [m for a in events for m in a.members or [_as_member(a)] if m["kind"] == kind
+            and _when(m["first_seen"]) < end and _when(m["last_seen"]) >= start]
+
+
+def straggling_ranks(members: list[dict]) -> dict[str, list[str]]:
+    """Job key -> its ranks among straggler members (entity "<job key>#<rank>"), in rank order."""
+    out: dict[str, set[str]] = {}
+    for m in members:
+        key, _, rank = m["entity_id"].partition("#")
+        if rank:
+            out.setdefault(key, set()).add(rank)
+    return {k: sorted(v, key=lambda r: (len(r), r)) for k, v in out.items()}
+
+
+def _as_member(a: Anomaly) -> dict:
+    """An event recorded without members (before grouping) as its one member."""
+    return {"kind": a.kind, "entity_kind": a.entity_kind, "entity_id": a.entity_id, "host": a.host,
+            "first_seen": a.started_at, "last_seen": a.last_seen, "last_score": a.last_score, "summary": a.summary}
+
+
+def _when(t) -> datetime:
+    return t if isinstance(t, datetime) else datetime.fromisoformat(t)
+
+
 def _open_first(qs: QuerySet, limit: int) -> list[dict]:
     """Open events first (what needs a look now), then the closed ones, each newest first."""
     is_open = ExpressionWrapper(Q(ended_at=None), output_field=BooleanField())
@@ -107,8 +152,15 @@ def _open_first(qs: QuerySet, limit: int) -> list[dict]:
 
 
 def entity_events(entity_kind: str, entity_id: str, limit: int = 20) -> list[dict]:
-    """One entity's anomaly events, open ones first (a GPU's or a port's page)."""
-    return _open_first(Anomaly.objects.filter(entity_kind=entity_kind, entity_id=entity_id), limit)
+    """One entity's anomaly events, open ones first (a GPU's or a port's page): those it is the face of,
+    and those of its cause it is a member of (a port of a congested leaf, a GPU of a host's event)."""
+    return _open_first(Anomaly.objects.filter(Q(entity_kind=entity_kind, entity_id=entity_id)
+                                              | _member_of(entity_kind, entity_id)), limit)
+
+
+def _member_of(entity_kind: str, entity_id: str) -> Q:
+    """Events with this entity among their members (`anomaly.grouping`; the members index serves it)."""
+    return Q(members__contains=[{"entity_kind": entity_kind, "entity_id": entity_id}])
 
 
 def host_anomalies(host: str, limit: int = 30) -> list[dict]:
@@ -127,9 +179,13 @@ def _cabled_switch_ports(host: str) -> list[int]:
 
 
 def job_anomalies(job_key: str, limit: int = 30) -> list[dict]:
-    """A job's divergence events and its ranks' straggler events (entity "<job key>#<rank>"), open first."""
-    qs = Anomaly.objects.filter(Q(entity_kind="job", entity_id=job_key)
-                                | Q(entity_kind="rank", entity_id__startswith=f"{job_key}#"))
+    """A job's divergence events and its ranks' straggler events (entity "<job key>#<rank>"), open first,
+    whether they are the face of an event or members of one (a rank in its host's event)."""
+    ranks = RawSQL("SELECT id FROM anomaly_anomaly WHERE jsonb_path_exists(members, "
+                   "'$[*] ? (@.entity_kind == \"rank\" && @.entity_id starts with $k)', jsonb_build_object('k', %s))",
+                   [f"{job_key}#"])
+    qs = Anomaly.objects.filter(Q(entity_kind="job", entity_id=job_key) | _member_of("job", job_key)
+                                | Q(entity_kind="rank", entity_id__startswith=f"{job_key}#") | Q(pk__in=ranks))
     return _open_first(qs, limit)
 
 

@@ -13,15 +13,15 @@
 3. after each tick, once per simulated minute, rolls up as of the simulated time
    (`run_rollups(now=t)`), then runs each `Every` callback that fell due (the scorers), so a
    detector reading "the state as of t" sees what it would have seen at t;
-4. meanwhile `FaultWatch` reads the simulator's own state for what it injected: GPUs whose error
-   counters rose or that raised an XID, hosts that went down, ports with errors or flaps, racks
-   over their power cap, and the latent defects it was built with (weak and hot GPUs, hot leaves,
-   marginal cables). That is the ground truth a scenario-free run's anomalies are held against.
+4. meanwhile `FaultWatch` (`anomaly.groundtruth`) collects what the simulator declares it planted
+   (`telemetry.simulator.truth`): the latent defects it was built with (weak and hot GPUs, hot
+   leaves, marginal cables) and every fault it injects, each with its entity, time and signal
+   families. That is the ground truth a scenario-free run's anomalies are held against.
 
-The second half matches recorded `Anomaly` rows to the scenarios' ground-truth lines
-(`match_scenario`) and to the fault log (`quiet_precision`). Entities are compared in the
-simulator's terms: GPU UUID, ``owner:port``, rack name, job ``sim-<id>`` and ``(job, rank)``;
-`canonical_entities` maps whatever ids the detectors recorded (names or database ids) onto those.
+The second half matches the members of recorded `Anomaly` events to the scenarios' ground-truth
+lines (`match_scenario`) and to the fault log (`anomaly.groundtruth.quiet_precision`). Entities are
+compared in the simulator's terms: GPU UUID, ``owner:port``, rack name, job ``sim-<id>`` and
+``(job, rank)``; `canonical_entities` maps whatever ids the detectors recorded onto those.
 """
 
 from __future__ import annotations
@@ -33,23 +33,21 @@ from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
 
 import orjson
 from django.conf import settings
 from django.db import transaction
 from tqdm import tqdm
 
+from anomaly.groundtruth import FaultLog, FaultWatch, Precision, Seen, canonical_entities, quiet_precision
 from telemetry.api.jobs import parse_snapshot
 from telemetry.api.training import _job_key, _record, do_record_training_steps
 from telemetry.ingest.schema import TimeParser, parse_json
 from telemetry.ingest.writer import write_batch
-from telemetry.models import Gpu, Job, Port, Rack
 from telemetry.rollups import run_rollups
 from telemetry.simulator.dynamics import Cluster, Tick
-from telemetry.simulator.fabric import DOWNED, RCV_ERR, RECOVERY, SYMBOL
 from telemetry.simulator.scenarios import ScenarioSet, Spec
-from telemetry.simulator.topology import RACK_POWER_CAP_W, build_layout, topology_document
+from telemetry.simulator.topology import build_layout, topology_document
 from telemetry.slurm.sync import do_sync_slurm
 from telemetry.topology import do_import_topology
 
@@ -57,12 +55,10 @@ logger = logging.getLogger(__name__)
 
 COLLECTOR = "scenario-eval"
 MINUTE = timedelta(minutes=1)
-# What counts as a GPU fault in the simulator's state: any rise of these, an XID, falling off the bus.
-GPU_FAULT_STATE = attrgetter(
-    "ecc_sbe_agg", "ecc_dbe_agg", "remapped_rows_correctable", "remapped_rows_uncorrectable", "pcie_replay",
-    "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors",
-    "xid", "dead",
-)
+# The fault log and the quiet run's matching rule live in anomaly.groundtruth; named here too, as the
+# harness's results carry them.
+__all__ = ["Every", "FaultLog", "FaultWatch", "Outcome", "Precision", "RunResult", "Seen", "Simulation",
+           "canonical_entities", "match_scenario", "quiet_precision", "truth_targets"]
 
 
 @dataclass(frozen=True)
@@ -89,124 +85,6 @@ class RunResult:
     seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per phase
     outputs: dict[str, list] = field(default_factory=dict)  # callback name -> its return values
     errors: dict[str, list[str]] = field(default_factory=dict)  # callback name -> its failures (when tolerated)
-
-
-# --- the fault log: what the simulator injected -------------------------------------------------
-@dataclass
-class FaultLog:
-    """Entities the simulator made faulty, each with the first time it was seen (or a reason).
-
-    Reasons for latent defects (built in, never an event) start with ``latent:``, so a precision
-    can be given with and without them.
-    """
-
-    gpus: dict[str, datetime] = field(default_factory=dict)  # UUID
-    hosts: dict[str, datetime] = field(default_factory=dict)  # rebooted or down
-    ports: dict[str, datetime] = field(default_factory=dict)  # owner:port
-    racks: dict[str, datetime] = field(default_factory=dict)  # drew past the rack power cap
-    latent: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, id) -> "latent: hot GPU", ...
-    events: list[tuple[datetime, str]] = field(default_factory=list)  # Tick.events, as printed
-    gpu_at: dict[tuple[str, int], str] = field(default_factory=dict)  # (host, index) -> UUID
-    gpu_host: dict[str, str] = field(default_factory=dict)  # UUID -> host
-    job_hosts: dict[str, list[str]] = field(default_factory=dict)  # sim-<id> -> hosts, in rank order
-
-    def explains(self, kind: str, entity) -> str | None:
-        """Why an anomaly on (kind, canonical entity) is a true one, or None when nothing explains it."""
-        if kind == "gpu":
-            return self._gpu_reason(entity)
-        if kind == "port":
-            owner = entity.split(":", 1)[0]
-            return (_first(("port fault", entity in self.ports), ("host down", owner in self.hosts))
-                    or self.latent.get(("port", entity)))
-        if kind == "rack":
-            return "over its power cap" if entity in self.racks else None
-        if kind == "rank":  # rank = node position * 8 + GPU index, as the simulator numbers them
-            job, rank = entity
-            hosts = self.job_hosts.get(job, [])
-            if not isinstance(rank, int) or rank // 8 >= len(hosts):
-                return None
-            return self._gpu_reason(self.gpu_at.get((hosts[rank // 8], rank % 8), ""))
-        if kind == "job":
-            reasons = sorted(filter(None, (self._gpu_reason(self.gpu_at.get((h, i), ""))
-                                           for h in self.job_hosts.get(entity, []) for i in range(8))))
-            return reasons[0] if reasons else None  # "gpu fault" < "host down" < "latent: ..."
-        return None
-
-    def _gpu_reason(self, uuid: str) -> str | None:
-        if uuid in self.gpus:
-            return "gpu fault"
-        return "host down" if self.gpu_host.get(uuid) in self.hosts else self.latent.get(("gpu", uuid))
-
-
-def _first(*pairs: tuple[str, bool]) -> str | None:
-    return next((why for why, hit in pairs if hit), None)
-
-
-class FaultWatch:
-    """Reads the simulator's own state after every tick and fills a `FaultLog`."""
-
-    def __init__(self, cluster: Cluster):
-        self.cluster = cluster
-        self.flat = [g for gpus in cluster.gpus for g in gpus]
-        self.ports = list(cluster.fabric.ports.items())
-        self.log = FaultLog(gpu_at={(g.host, g.spec.index): g.spec.uuid for g in self.flat},
-                            gpu_host={g.spec.uuid: g.host for g in self.flat})
-        self.rack_pdus = {name: cluster.layout.racks[r].name for name, r in cluster.layout.pdus}
-        self._gpu_state: list | None = None
-        self._port_state: list | None = None
-        self._latent()
-
-    def _latent(self) -> None:
-        """The defects the cluster was built with: they never show up as events."""
-        for g in self.flat:
-            if g.weak:
-                self.log.latent[("gpu", g.spec.uuid)] = "latent: weak GPU (error-prone)"
-            if g.rth > 0.07:  # the hot draw is 0.074-0.084 K/W against 0.052-0.064
-                self.log.latent[("gpu", g.spec.uuid)] = "latent: hot GPU (poor heat sink)"
-        for key, p in self.ports:
-            if p.marginal:
-                self.log.latent[("port", key)] = "latent: marginal cable"
-            elif p.hot > 1:
-                self.log.latent[("port", key)] = "latent: hot leaf (congested)"
-
-    def observe(self, tick: Tick) -> None:
-        t, log = tick.time, self.log
-        log.events.extend((t, line) for line in tick.events)
-        for host in [*tick.rebooted, *(self.cluster.layout.nodes[i].hostname for i in self.cluster.down_until)]:
-            log.hosts.setdefault(host, t)
-        for job in (tick.jobs or {}).get("jobs", []):
-            if job["nodes"]:  # a pending job lists none yet
-                log.job_hosts[job["job_id"]] = list(job["nodes"])
-        self._gpus(t)
-        self._ports(t)
-        self._racks(tick)
-
-    def _gpus(self, t: datetime) -> None:
-        state = [GPU_FAULT_STATE(g) for g in self.flat]
-        if self._gpu_state is not None:
-            for g, before, now in zip(self.flat, self._gpu_state, state, strict=True):
-                if now != before and any(b < a for b, a in zip(before, now, strict=True)):
-                    self.log.gpus.setdefault(g.spec.uuid, t)
-        self._gpu_state = state
-
-    def _ports(self, t: datetime) -> None:
-        state = [(p.c[SYMBOL], p.c[DOWNED], p.c[RECOVERY], p.c[RCV_ERR], p.state) for _, p in self.ports]
-        if self._port_state is not None:
-            for (key, _), before, now in zip(self.ports, self._port_state, state, strict=True):
-                if now != before:
-                    self.log.ports.setdefault(key, t)
-        self._port_state = state
-
-    def _racks(self, tick: Tick) -> None:
-        watts: dict[str, float] = defaultdict(float)
-        for b in tick.batches:
-            for rec in b["power"]:
-                rack = self.rack_pdus.get(rec["device"])
-                if rack is not None:
-                    watts[rack] += rec["fields"]["watts"]
-        for rack, w in watts.items():
-            if w > RACK_POWER_CAP_W:
-                self.log.racks.setdefault(rack, tick.time)
 
 
 # --- the harness ------------------------------------------------------------------------------------
@@ -346,49 +224,7 @@ def _next_boundary(t: datetime, step: timedelta) -> datetime:
     return datetime.fromtimestamp((int(t.timestamp()) // s + 1) * s, UTC)
 
 
-# --- matching anomalies to the ground truth -----------------------------------------------------------
-@dataclass(frozen=True)
-class Seen:
-    """One anomaly row in the simulator's terms: (kind of entity, canonical id)."""
-
-    kind: str  # the detector (AnomalyKind value)
-    entity_kind: str
-    entity: object  # UUID, owner:port, rack name, sim-<id>, or (sim-<id>, rank)
-    started_at: datetime
-    pk: int = 0
-    summary: str = ""
-    signals: tuple[tuple[str, float], ...] = ()  # (telemetry field, deviation in σ) its explanation names
-
-
-def canonical_entities(rows: Iterable) -> list[Seen]:
-    """Anomaly rows with their entities as the simulator names them (database ids looked up once)."""
-    rows = list(rows)
-    ids = defaultdict(set)
-    for a in rows:
-        if a.entity_id.isdigit():
-            ids[a.entity_kind].add(int(a.entity_id))
-    names = {
-        "gpu": dict(Gpu.objects.filter(pk__in=ids["gpu"]).values_list("pk", "uuid")),
-        "rack": dict(Rack.objects.filter(pk__in=ids["rack"]).values_list("pk", "name")),
-        "job": dict(Job.objects.filter(pk__in=ids["job"]).values_list("pk", "external_id")),
-        "port": {p.pk: f"{p.switch.name if p.switch_id else p.node.hostname}:{p.name}"
-                 for p in Port.objects.filter(pk__in=ids["port"]).select_related("switch", "node")},
-    }
-    return [Seen(a.kind, a.entity_kind, _canonical(a.entity_kind, a.entity_id, names), a.started_at, a.pk, a.summary,
-                 tuple((c.get("field", ""), c.get("deviation") or 0.0) for c in a.contributions or ())) for a in rows]
-
-
-def _canonical(kind: str, raw: str, names: dict) -> object:
-    if kind == "rank":
-        job, _, rank = raw.rpartition("#")
-        return (_canonical("job", job, names), int(rank) if rank.isdigit() else rank)
-    if raw.isdigit() and kind in names:
-        return names[kind].get(int(raw), raw)
-    if kind == "job":
-        return raw.split(":", 1)[1] if raw.startswith(("slurm:", "k8s:")) else raw
-    return raw
-
-
+# --- matching anomalies to a scenario's ground-truth line ----------------------------------------------
 def truth_targets(truth: dict, layout) -> set[tuple[str, object]]:
     """Every (entity kind, canonical id) whose anomaly detects this scenario."""
     kind, entity, details = truth["entity_kind"], truth["entity"], truth.get("details") or {}
@@ -486,42 +322,3 @@ def _label(truth: dict) -> str:
         return truth["entity"]
     rank = (truth.get("details") or {}).get("rank")
     return f"sim-{truth['entity']}" + (f" rank {rank}" if rank is not None else "")
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Anomalies of a scenario-free run held against the injected faults."""
-
-    total: int
-    explained: dict[str, int]  # reason -> anomalies it explains
-    unexplained: list[Seen]
-
-    @property
-    def true_positives(self) -> int:
-        return sum(self.explained.values())
-
-    @property
-    def precision(self) -> float | None:
-        """Share of anomalies explained by an injected fault (latent defects included); None when none."""
-        return self.true_positives / self.total if self.total else None
-
-    @property
-    def strict_precision(self) -> float | None:
-        """The same, counting only faults that happened during the run (no latent defects)."""
-        if not self.total:
-            return None
-        latent = sum(n for why, n in self.explained.items() if why.startswith("latent:"))
-        return (self.true_positives - latent) / self.total
-
-
-def quiet_precision(seen: list[Seen], log: FaultLog) -> Precision:
-    """Every anomaly not explained by something the simulator injected is a false positive."""
-    explained: dict[str, int] = defaultdict(int)
-    unexplained = []
-    for s in seen:
-        why = log.explains(s.entity_kind, s.entity)
-        if why:
-            explained[why] += 1
-        else:
-            unexplained.append(s)
-    return Precision(len(seen), dict(explained), unexplained)

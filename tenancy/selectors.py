@@ -104,16 +104,10 @@ def usage_summary(who, start: datetime, end: datetime, by: tuple[str, ...] = ("t
 
 def _stragglers(job_keys: set[str], start: datetime, end: datetime) -> dict[str, list[str]]:
     """Job key -> ranks flagged as stragglers at some time in [start, end)."""
-    from anomaly.models import Anomaly
+    from anomaly.selectors import members_between, straggling_ranks
 
-    out: dict[str, set[str]] = defaultdict(set)
-    flagged = (Anomaly.objects.filter(kind="straggler", started_at__lt=end)
-               .filter(Q(ended_at__isnull=True) | Q(ended_at__gte=start)).values_list("entity_id", flat=True))
-    for entity in flagged:
-        key, _, rank = entity.partition("#")
-        if key in job_keys:
-            out[key].add(rank)
-    return {k: sorted(v, key=lambda r: (len(r), r)) for k, v in out.items()}
+    ranks = straggling_ranks(members_between("straggler", start, end))
+    return {k: v for k, v in ranks.items() if k in job_keys}
 
 
 def _pct(part: Decimal, whole: Decimal) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 
 
@@ -24,7 +25,13 @@ class AnomalyKind(models.TextChoices):
 
 
 class Anomaly(models.Model):
-    """One stretch of time in which one detector found one entity abnormal (an event)."""
+    """One stretch of time in which the detectors found one root cause abnormal (an event).
+
+    Findings that share a cause (the GPUs of one host, the ports of one leaf switch and the ports cabled
+    to it, one rack, one job) are one event; each detector's finding on each entity is a member, with
+    its own first and last minute (`anomaly.grouping`). `kind`, the entity, the score and the
+    explanation are those of the worst moment's finding.
+    """
 
     kind = models.CharField(max_length=16, choices=AnomalyKind.choices)
     entity_kind = models.CharField(max_length=8, help_text="gpu, port, rack, job or rank")
@@ -40,21 +47,36 @@ class Anomaly(models.Model):
         default=list, help_text="[{field, label, value, expected, deviation, basis}], largest |deviation| first")
     model_version = models.ForeignKey("anomaly.ModelVersion", on_delete=models.SET_NULL, null=True, blank=True,
                                       related_name="anomalies")
+    group_key = models.CharField(max_length=200, default="", help_text=(
+        'The cause it stands for, e.g. "fleet|leaf:leaf-r4-01", "fleet|host:gpu-0012"'))
+    members = models.JSONField(default=list, help_text=(
+        "[{kind, entity_kind, entity_id, host, first_seen, last_seen, score, last_score, summary, "
+        "signals: [[field, deviation], ...]}], one per detector and entity"))
+    member_count = models.PositiveIntegerField(default=1, help_text="Distinct entities among the members")
 
     class Meta:
         db_table = "anomaly_anomaly"
         constraints = [
-            # The writer extends the open event of (kind, entity) instead of adding one per minute.
-            models.UniqueConstraint(fields=["kind", "entity_kind", "entity_id"], condition=models.Q(ended_at=None),
-                                    name="anomaly_one_open_per_entity",
-                                    violation_error_message="This entity already has an open anomaly of this kind."),
+            # The writer extends the open event of a cause instead of adding one per minute or per entity.
+            models.UniqueConstraint(fields=["group_key"], condition=models.Q(ended_at=None),
+                                    name="anomaly_one_open_per_group",
+                                    violation_error_message="This cause already has an open anomaly event."),
         ]
         indexes = [
             # The fleet's newest anomalies and the history page: ORDER BY started_at DESC LIMIT n.
             models.Index(fields=["-started_at"], name="anomaly_started_idx"),
             # An entity's page: WHERE entity_kind = %s AND entity_id = %s ORDER BY started_at DESC.
             models.Index(fields=["entity_kind", "entity_id", "-started_at"], name="anomaly_entity_idx"),
+            # An entity's page, for the events it is a member of: WHERE members @> '[{"entity_kind": ...}]'.
+            GinIndex(fields=["members"], name="anomaly_members_idx", opclasses=["jsonb_path_ops"]),
         ]
+
+    def save(self, *args, **kwargs) -> None:
+        # An event written one by one (by hand, an import, a test) and not by the grouping writer stands for
+        # its own detector and entity, as every event did before grouping (the migration's rule too).
+        if not self.group_key:
+            self.group_key = f"legacy|{self.kind}|{self.entity_kind}:{self.entity_id}"
+        super().save(*args, **kwargs)
 
     @property
     def is_open(self) -> bool:

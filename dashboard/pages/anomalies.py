@@ -185,9 +185,8 @@ def port_section(port_id: int) -> dict:
 def job_section(key: str) -> dict:
     """A job's divergence events and its ranks' straggler events, and which ranks straggle now."""
     rows = [display_row(r) for r in selectors.job_anomalies(key)]
-    ranks = sorted({r["entity_id"].rsplit("#", 1)[1] for r in rows
-                    if r["kind"] == AnomalyKind.STRAGGLER and r["ended_at"] is None and "#" in r["entity_id"]},
-                   key=lambda s: int(s) if s.isdigit() else 0)
+    # What the latest pass flagged, also where a rank is a member of its host's event.
+    ranks = selectors.straggling_ranks(selectors.current_members(AnomalyKind.STRAGGLER)).get(key, [])
     return {"risk": [_anomaly_score_line(selectors.entity_risk("job", key)),
                      {"label": "Straggling now",
                       "text": f"rank{'s' * (len(ranks) > 1)} {', '.join(ranks)}" if ranks else "no rank"}],

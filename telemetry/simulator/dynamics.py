@@ -37,6 +37,7 @@ from telemetry.simulator.feed import JobFeed, lock_step
 from telemetry.simulator.gpus import SimGpu, alphas
 from telemetry.simulator.jobs import KINDS, Scheduler, make_job
 from telemetry.simulator.topology import Layout, build_layout
+from telemetry.simulator.truth import defect
 
 DAY_S = 86_400.0
 REBOOT_DOWN_S = (180.0, 420.0)
@@ -109,6 +110,7 @@ class Cluster:
         for k, (i, spec) in enumerate(flat):
             self.gpus[i].append(SimGpu(layout.nodes[i].hostname, spec, rng, weak=k in weak,
                                        hot=k in hot, uptime_s=uptimes[i]))
+        self.hot_gpus = {flat[k][1].uuid for k in hot}  # declared as latent defects (`latent_defects`)
         self.node_index = {n.hostname: i for i, n in enumerate(layout.nodes)}
         self.scheduler = Scheduler(rng, [n.group for n in layout.nodes], held=self.held,
                                    meta=random.Random(f"breakwater-jobs:{seed}"))
@@ -206,6 +208,25 @@ class Cluster:
             "down_nodes": len(self.down_until), "it_kw": it_w / 1000,
             "build_ms": (time.perf_counter() - started) * 1000,
         }
+
+    def latent_defects(self, t0: float) -> list[dict]:
+        """The GPUs the cluster was built defective, as ground-truth lines (`telemetry.simulator.truth`):
+        weak ones draw error events at hundreds of times the normal rate; hot ones (a poor heat sink)
+        run hotter under load, throttle their clocks and power sooner, and so also slow their rank."""
+        out = []
+        for g in (g for gpus in self.gpus for g in gpus):
+            if g.weak:
+                out.append(defect("weak-gpu", "gpu", g.spec.uuid, starts=t0, host=g.host, latent=True,
+                                  signals=["gpu errors", "nvlink errors"],
+                                  details={"why": "error-prone: SBE, PCIe replay, NVLink CRC and XID rates "
+                                                  "far above a healthy GPU's"}))
+            if g.spec.uuid in self.hot_gpus:
+                out.append(defect("hot-gpu", "gpu", g.spec.uuid, starts=t0, host=g.host, latent=True,
+                                  signals=["thermal", "power", "activity"],
+                                  details={"why": "poor heat sink: hotter under load; thermal slowdown cuts its "
+                                                  "clocks and power, and its rank waits less than its peers",
+                                           "rth_k_per_w": round(g.rth, 4)}))
+        return out
 
     # --- faults and reboots -----------------------------------------------------------------
     def _faults(self, t: float, dt: float) -> list[str]:

@@ -19,6 +19,7 @@ from telemetry.simulator.faults import (
     EventSource,
 )
 from telemetry.simulator.topology import PORT_SPEED_GBPS, Layout
+from telemetry.simulator.truth import defect
 
 PORT_COUNTERS = (
     "xmit_data_bytes", "rcv_data_bytes", "xmit_pkts", "rcv_pkts", "xmit_wait", "symbol_errors",
@@ -123,7 +124,8 @@ class Fabric:
 
     def _mark_hot_and_marginal(self, layout: Layout) -> None:
         leaves = [s.name for s in layout.leaves]
-        for name in self.rng.sample(leaves, max(1, len(leaves) // 20)):
+        self.hot_leaves = self.rng.sample(leaves, max(1, len(leaves) // 20))
+        for name in self.hot_leaves:
             for p in self.leaf_down[name] + self.leaf_up[name]:
                 p.hot = HOT_WAIT
                 p.peer.hot = HOT_WAIT / 2  # credits back up into the HCAs and spines feeding it
@@ -136,6 +138,28 @@ class Fabric:
         )
         marginal = [p for ports in self.leaf_down.values() for p in ports if p.marginal]  # one end
         self.flap_events = EventSource(marginal, [FLAP_MARGINAL_PER_H] * len(marginal))
+
+    def latent_defects(self, t0: float) -> list[dict]:
+        """The fabric's built-in defects as ground-truth lines (`telemetry.simulator.truth`): hot leaves,
+        congested on every port and backing up into the HCAs and spine ports cabled to them, and
+        marginal cables, which collect symbol errors and flap now and then at both ends."""
+        out = []
+        for name in self.hot_leaves:
+            ports = self.leaf_down[name] + self.leaf_up[name]
+            related = [("port", f"{p.owner}:{p.name}") for p in ports] + [
+                ("port", f"{p.peer.owner}:{p.peer.name}") for p in ports if p.peer]
+            out.append(defect("hot-leaf", "switch", name, starts=t0, latent=True, signals=["congestion"],
+                              related=related, details={"why": "congests far sooner than its peers (a bad spine "
+                                                                "cable, an unlucky routing table)",
+                                                         "wait_factor": HOT_WAIT}))
+        for p in (p for downs in self.leaf_down.values() for p in downs if p.marginal):
+            out.append(defect("marginal-cable", "port", f"{p.owner}:{p.name}", starts=t0, latent=True,
+                              host=p.peer.owner, signals=["port errors"],
+                              related=[("port", f"{p.peer.owner}:{p.peer.name}")],
+                              details={"why": "symbol errors and the odd link flap at both ends",
+                                       "symbol_events_per_h": SYMBOL_MARGINAL_PER_H,
+                                       "flaps_per_h": FLAP_MARGINAL_PER_H}))
+        return out
 
     def node_down(self, i: int) -> None:
         """A node went down: its agent stops reporting, its leaf ports see the link drop."""

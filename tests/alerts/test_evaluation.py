@@ -226,6 +226,49 @@ def test_job_rule_raises_one_alert_per_job(rack):
     assert open_alerts(stragglers) == []
 
 
+def _member(kind: str, entity_id: str, seen: datetime, score: float = 0.8, host: str = "node-a") -> dict:
+    return {"kind": kind, "entity_kind": "rank" if "#" in entity_id else "gpu", "entity_id": entity_id, "host": host,
+            "first_seen": T0.isoformat(), "last_seen": seen.isoformat(), "score": score, "last_score": score,
+            "summary": f"{entity_id} is slow", "signals": [["step_time_s", 9.0]]}
+
+
+def test_job_rule_reads_the_straggling_members_of_grouped_events_that_the_latest_pass_found(rack):
+    stragglers = rule("JobStraggler", kind=RuleKind.JOB, entity="job", metric="straggler")
+    later = T0 + timedelta(minutes=3)
+    # One host's event: a hot GPU (the worst moment) with the straggling rank it slows, still found now;
+    # another host's event holds a rank that caught up two minutes ago (the event waits out its hold).
+    Anomaly.objects.create(
+        kind="peer_node", entity_kind="gpu", entity_id="GPU-1", host="node-a", group_key="fleet|host:node-a",
+        started_at=T0, last_seen=later, score=0.9, last_score=0.9, summary="hot",
+        members=[_member("peer_node", "GPU-1", later, 0.9), _member("straggler", "slurm:7#2", later)])
+    caught_up = T0 + timedelta(minutes=1)
+    Anomaly.objects.create(
+        kind="straggler", entity_kind="rank", entity_id="slurm:8#1", host="node-b", group_key="fleet|host:node-b",
+        started_at=T0, last_seen=caught_up, score=0.8, last_score=0.8, summary="slow",
+        members=[_member("straggler", "slurm:8#1", caught_up, host="node-b")])
+    EntityScore.objects.create(entity_kind="fleet", entity_id="*", anomaly_at=later)
+    run_evaluation(later)
+    [alert] = open_alerts(stragglers)
+    assert (alert.entity_key, alert.annotations["ranks"], alert.annotations["hosts"]) == ("slurm:7", "2", "node-a")
+    assert "slurm:7#2 is slow" in alert.annotations["summary"]
+
+
+def test_rule_replay_fires_once_per_episode_after_the_hold_and_stores_nothing(rack):
+    from alerts.evaluation import RuleReplay
+
+    replay = RuleReplay([Rule(name="GpuAnomalous", kind=RuleKind.ANOMALY, op=">=", threshold=0.9, for_seconds=120,
+                              severity="info")])
+    ingest(T0, [gpu("GPU-1", gpu_temp=50.0)])
+    EntityScore.objects.create(entity_kind="gpu", entity_id="GPU-1", anomaly_score=0.95, anomaly_at=T0)
+    fired = [replay(T0 + timedelta(minutes=k)) for k in range(4)]
+    assert fired == [0, 0, 1, 0] and replay.fired[0]["entity"] == "GPU-1"  # held 2 min, then fires once
+    EntityScore.objects.filter(entity_id="GPU-1").update(anomaly_score=None)
+    assert replay(T0 + timedelta(minutes=4)) == 0
+    EntityScore.objects.filter(entity_id="GPU-1").update(anomaly_score=0.97)
+    assert [replay(T0 + timedelta(minutes=k)) for k in (5, 6, 7)] == [0, 0, 1]  # a new episode fires again
+    assert not Alert.objects.exists() and not Rule.objects.exists()
+
+
 def test_node_down_fires_for_a_silent_node_only(rack):
     r = rule("NodeDown", kind=RuleKind.NODE_DOWN, entity="node", threshold=180, severity="critical")
     ingest(T0 - timedelta(seconds=400), [gpu("GPU-1", gpu_temp=50.0)])

@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 
 from anomaly.features import history_buckets
+from anomaly.grouping import HOLD
 from anomaly.models import Anomaly, AnomalyKind, EntityScore
 from anomaly.scoring import score_fleet
 from telemetry.models import Allocation, Gpu, Job, Node
@@ -66,7 +67,7 @@ def test_a_hot_gpu_is_flagged_against_its_node_peers_with_the_deviation_named(fl
     assert score.anomaly_score == pytest.approx(a.score) and score.anomaly_score >= 0.5
 
 
-def test_an_anomaly_is_extended_while_it_lasts_and_closed_when_it_ends(fleet):
+def test_an_anomaly_is_extended_while_it_lasts_held_open_a_while_and_closed_as_of_its_last_finding(fleet):
     _minute(fleet, AT, {3: {"memory_temp_avg": 84.0}})
     score_fleet(AT)
     _minute(fleet, AT + MIN * 2, {3: {"memory_temp_avg": 86.0}})
@@ -77,8 +78,14 @@ def test_an_anomaly_is_extended_while_it_lasts_and_closed_when_it_ends(fleet):
     _minute(fleet, AT + MIN * 4)
     counts = score_fleet(AT + MIN * 4)
     a.refresh_from_db()
-    assert counts["closed"] == 1 and a.ended_at == AT + 4 * MIN
+    # Gone from the scores at once, but the event waits out the hold: a condition that comes back
+    # within it is the same event, not a new one.
+    assert counts["closed"] == 0 and a.ended_at is None
     assert EntityScore.objects.get(entity_kind="gpu", entity_id="GPU-node-a-3").anomaly_score is None
+    _minute(fleet, AT + 2 * MIN + HOLD)
+    assert score_fleet(AT + 2 * MIN + HOLD)["closed"] == 1
+    a.refresh_from_db()
+    assert a.ended_at == AT + 2 * MIN  # as of the last time it was seen
 
 
 def test_a_healthy_fleet_has_no_anomalies_but_counts_as_scored(fleet):
@@ -128,8 +135,8 @@ def test_a_gpu_is_flagged_against_its_own_day_of_history_in_the_job_it_runs(flee
     assert top["expected"] == pytest.approx(70.0, abs=0.5) and top["deviation"] > 6
     assert a.summary.startswith("memory temperature +") and "σ vs own history" in a.summary
     assert EntityScore.objects.get(entity_kind="gpu", entity_id="GPU-node-b-2").anomaly_score == pytest.approx(a.score)
-    _minute(fleet, AT + 2 * MIN)  # back to its normal: the event closes
-    assert score_fleet(AT + 2 * MIN)["closed"] == 1 and Anomaly.objects.get().ended_at == AT + 2 * MIN
+    _minute(fleet, AT + HOLD)  # back to its normal for the hold: the event closes as of its last finding
+    assert score_fleet(AT + HOLD)["closed"] == 1 and Anomaly.objects.get().ended_at == AT
 
 
 def test_fewer_errors_than_its_own_usual_is_not_an_anomaly_but_more_is(fleet):
@@ -281,8 +288,12 @@ def test_ports_and_racks_open_and_close_own_history_events_of_their_own(fabric_a
     assert events[port].host == "leaf-01:p2" and events[port].contributions[0]["field"] == "symbol_errors"
     assert events[rack].contributions[0]["field"] == "inlet_temp" and events[rack].contributions[0]["value"] == 31.0
     assert events[rack].summary.startswith("inlet temperature +")
-    # Two minutes later the port still errs and the rack has cooled down: one event extends, one closes.
+    # Two minutes later the port still errs and the rack has cooled down: one event extends, the other
+    # waits out the hold; once the hold is over it closes as of its last finding.
     _fabric_minute(ports, pdus, AT + 2 * MIN, port_errors={1: 400})
     counts = score_fleet(AT + 2 * MIN)
+    assert counts["extended"] == 1 and counts["closed"] == 0
+    _fabric_minute(ports, pdus, AT + HOLD, port_errors={1: 400})
+    counts = score_fleet(AT + HOLD)
     ended = dict(Anomaly.objects.filter(kind=AnomalyKind.BASELINE).values_list("entity_kind", "ended_at"))
-    assert ended == {"port": None, "rack": AT + 2 * MIN} and counts["extended"] == counts["closed"] == 1
+    assert ended == {"port": None, "rack": AT} and counts["closed"] == 1

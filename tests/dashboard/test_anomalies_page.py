@@ -210,6 +210,48 @@ def test_job_page_shows_a_straggling_ranks_event(operator, events):
     assert re.findall(r'data-id="(\d+)"', section) == [str(i) for i in ids(events, "rank", "div")]
 
 
+def _rank_member(entity_id: str, seen, host: str) -> dict:
+    return {"kind": "straggler", "entity_kind": "rank", "entity_id": entity_id, "host": host,
+            "first_seen": (NOW - H).isoformat(), "last_seen": seen.isoformat(), "score": 0.8, "last_score": 0.8,
+            "summary": f"{entity_id} compute time 1.2x its gang", "signals": [["compute_time_s", 7.0]]}
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("cluster")
+def test_job_page_names_a_straggling_rank_that_is_a_member_of_its_hosts_event_only_while_it_is_found(operator):
+    Job.objects.create(source="slurm", external_id="200", name="llm-sft", user="alice", account="ml",
+                       state=JobState.RUNNING, submit_time=NOW - 5 * H, start_time=NOW - 4 * H)
+    # Rank 4's host is hot: the event's face is the GPU, the rank is a member the latest pass found.
+    # Rank 9 caught up ten minutes ago: its host's event is open (waiting out its hold), it is not straggling now.
+    for host, member in (("gpu-0001", _rank_member("slurm:200#4", NOW, "gpu-0001")),
+                         ("gpu-0002", _rank_member("slurm:200#9", NOW - H / 6, "gpu-0002"))):
+        Anomaly.objects.create(kind=AnomalyKind.PEER_NODE, entity_kind="gpu", entity_id=GPU_2, host=host,
+                               group_key=f"fleet|host:{host}", started_at=NOW - H, last_seen=NOW, score=0.9,
+                               last_score=0.9, summary="gpu temperature +9.0σ vs peers in node", members=[member])
+    EntityScore.objects.create(entity_kind="fleet", entity_id="*", anomaly_at=NOW)
+    html = operator.get("/jobs/slurm:200/").content.decode()
+    section = html[html.index('id="bw-anomalies"'):]
+    assert "<dt>Straggling now</dt><dd>rank 4</dd>" in section
+    assert len(re.findall(r'data-id="(\d+)"', section)) == 2  # both events hold a rank of the job
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("cluster")
+def test_an_event_of_several_entities_is_one_line_and_shows_on_each_members_page(operator):
+    def member(kind: str, entity_id: str) -> dict:
+        return {"kind": kind, "entity_kind": "gpu", "entity_id": entity_id, "host": "gpu-0001",
+                "first_seen": (NOW - H).isoformat(), "last_seen": NOW.isoformat(), "score": 0.8, "last_score": 0.8,
+                "summary": "hot", "signals": [["memory_temp", 6.2]]}
+
+    event = anomaly(AnomalyKind.PEER_NODE, "gpu", GPU_2, "gpu-0001", NOW - H, group_key="fleet|host:gpu-0001",
+                    summary="memory temperature +6.2σ vs peers in node", contributions=[TEMP], member_count=2,
+                    members=[member("peer_node", GPU_2), member("baseline", GPU_2), member("peer_node", GPU_0)])
+    html = operator.get("/anomalies/").content.decode()
+    assert listed(operator) == [event.pk] and ">GPU 2 of gpu-0001 (+1 more GPU)</a>" in html
+    other = operator.get(f"/gpus/{GPU_0}/").content.decode()
+    assert re.findall(r'data-id="(\d+)"', other[other.index('id="bw-anomalies"'):]) == [str(event.pk)]
+
+
 # --- the live consumer ---------------------------------------------------------------------------------
 
 @pytest.mark.django_db(transaction=True)

@@ -326,7 +326,10 @@ def test_simulate_with_scenarios_leaves_xid_48_and_79_events_on_the_truth_gpu(li
                  "--interval", "2", "--ticks", "5", "--scenario", "gpu-degrading@0",
                  "--scenario", "fallen-off-bus@0", "--scenario", "divergence@0",
                  "--scenario-speed", "1500", "--truth", str(truth))
-    records = [orjson.loads(x) for x in truth.read_bytes().splitlines()]
+    lines = [orjson.loads(x) for x in truth.read_bytes().splitlines()]
+    records = [r for r in lines if "scenario" in r]
+    # The same file declares what else the simulator planted: the cluster's latent defects first.
+    assert {r["defect"] for r in lines if r.get("latent")} >= {"weak-gpu", "hot-leaf"}
     degrading = next(r for r in records if r["scenario"] == "gpu-degrading")
     codes = set(GpuEvent.objects.filter(gpu__uuid=degrading["entity"], kind="xid").values_list("code", flat=True))
     assert codes == {48, 79}

@@ -175,6 +175,18 @@ def test_job_efficiency_shows_busy_idle_lost_and_stragglers(world):
     # a1 has no activity readings at all: its hours are unmeasured, never assumed busy.
     assert rows["slurm:a1"]["unmeasured_pct"] == 100 and rows["slurm:a1"]["straggler_ranks"] == ["3"]
     assert rows["slurm:a0"]["stragglers"] == 0
+    # A rank can be a member of its host's event (anomaly.grouping): the window reads the members' own times.
+    def member(rank: int, first, last) -> dict:
+        return {"kind": "straggler", "entity_kind": "rank", "entity_id": f"slurm:a0#{rank}", "host": "h-2",
+                "first_seen": first.isoformat(), "last_seen": last.isoformat(), "score": 4, "last_score": 4}
+
+    Anomaly.objects.create(kind="peer_node", entity_kind="gpu", entity_id="GPU-x", host="h-2",
+                           group_key="fleet|host:h-2", started_at=FIXED_NOW - 5 * DAY, last_seen=FIXED_NOW, score=9,
+                           last_score=9, summary="hot",
+                           members=[member(1, FIXED_NOW - 2 * HOUR, FIXED_NOW - HOUR),
+                                    member(2, FIXED_NOW - 5 * DAY, FIXED_NOW - 4 * DAY)])
+    rows = _by(selectors.job_efficiency(world["acme_member"], FIXED_NOW - 3 * DAY, FIXED_NOW), "job_key")
+    assert rows["slurm:a0"]["straggler_ranks"] == ["1"] and rows["slurm:a1"]["straggler_ranks"] == ["3"]
     assert "slurm:g0" not in rows
     globex = _by(selectors.job_efficiency(world["globex_member"], FIXED_NOW - 3 * DAY, FIXED_NOW), "job_key")
     assert globex["slurm:g0"]["lost_pct"] == 100

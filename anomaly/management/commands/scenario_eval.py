@@ -10,10 +10,12 @@ detection against its ground truth, then measure precision over a scenario-free 
    each run. `anomaly.scoring.score_fleet` runs every simulated minute, the failure model's
    `score_failure_risk` every ``--risk-every`` minutes (once it exists).
 3. Its anomalies are matched to its ground-truth line (`anomaly.simulation.match_scenario`).
-4. The quiet run: ``--fleet-gpus`` GPUs without scenarios, ``--warmup`` minutes of history (written
-   and rolled up, not scored), then ``--quiet-minutes`` scored; every anomaly not explained by a
-   fault the simulator injected is a false positive (`anomaly.simulation.quiet_precision`).
-5. A table per scenario, the quiet run, where the time went, and one ``RESULT`` line.
+4. The quiet run: ``--fleet-gpus`` GPUs without scenarios, scored from the first tick; after
+   ``--warmup`` minutes, ``--quiet-minutes`` are judged: the anomaly events they open, held against
+   everything the simulator declared it planted (`anomaly.groundtruth`), the alerts the anomaly-fed
+   rules would fire (`alerts.evaluation.RuleReplay`), and the straggler flags per training job-hour.
+5. A table per scenario, the quiet run, where the time went, and one ``RESULT`` line, ending PASS when every target of
+   what ran is met.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import logging
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
+from django.db.models import Q
 from django.test.utils import override_settings
 
 from anomaly.lifecycle import COHORT_HOURS, NotEnoughData, train_cohort_model
@@ -42,6 +46,7 @@ from anomaly.simulation import (
     quiet_precision,
 )
 from telemetry import live
+from telemetry.simulator.jobs import RUNNING, TRAINING_KINDS
 from telemetry.simulator.scenarios import SCENARIOS, Spec
 
 # Every run starts at noon UTC (a busy cluster) on a day of its own, so runs never share a bucket.
@@ -63,6 +68,9 @@ MIN_GPUS = {"cooling-failure": 1024}
 STRAGGLER_TTD_S = {"straggler": 60.0, "straggler-hw": 120.0}
 DEGRADING_LEAD_S = 3600.0
 QUIET_PRECISION = 0.9
+QUIET_EVENTS_PER_1K_GPU_H = 5.0
+QUIET_PAGES = 1
+FALSE_STRAGGLERS_PER_1K_JOB_H = 1.0
 PRIVATE_CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
@@ -138,8 +146,8 @@ class Command(BaseCommand):
         outcomes = [self._scenario(k * repeats + r, name, opts, score_risk, opts["seed"] + r)
                     for k, name in enumerate(names) for r in range(repeats)]
         day = len(PLAN) * repeats
-        precision = self._quiet(day, opts, score_risk) if opts["quiet_minutes"] > 0 else None
-        self._report(outcomes, precision, opts)
+        quiet = self._quiet(day, opts, score_risk) if opts["quiet_minutes"] > 0 else None
+        self._report(outcomes, quiet, opts)
 
     def _train_cohort(self, opts: dict) -> None:
         """The cohort detector needs a model trained on healthy fleet history, as the nightly training
@@ -188,22 +196,38 @@ class Command(BaseCommand):
         self._errors(result.errors)
         return outcome
 
-    def _quiet(self, day: int, opts: dict, score_risk) -> Precision:
+    def _quiet(self, day: int, opts: dict, score_risk) -> QuietRun:
+        """The scenario-free run. The detectors score from the first tick, as a live console has been
+        scoring before any hour one picks: a condition found in the warm-up is already open when the
+        hour starts (a standing event, reported apart), and the hour is judged on the events it opens."""
         start = BASE + timedelta(days=day)
         scored_from = start + timedelta(minutes=opts["warmup"])
+        until = scored_from + timedelta(minutes=opts["quiet_minutes"])
         _clear_anomalies()
+        pages = _anomaly_rules()
         sim = Simulation(gpus=opts["fleet_gpus"], start=start, interval_s=opts["quiet_interval"], seed=opts["seed"],
-                         callbacks=self._callbacks(opts, score_risk), progress=True, label="quiet fleet",
-                         per_request="rack" if opts["per_rack"] else "tick", tolerate_errors=True)
+                         callbacks=[*self._callbacks(opts, score_risk), Every(60, pages, "anomaly alert rules")],
+                         progress=True, label="quiet fleet", per_request="rack" if opts["per_rack"] else "tick",
+                         tolerate_errors=True)
+        job_hours = TrainingJobHours(sim, scored_from, until)
+        sim.callbacks.append(Every(60, job_hours, "training job-hours"))
         wall = time.perf_counter()
-        result = sim.run(opts["warmup"] + opts["quiet_minutes"], score_after=scored_from)
-        seen = canonical_entities(Anomaly.objects.filter(started_at__gte=scored_from, started_at__lte=result.end))
+        result = sim.run(opts["warmup"] + opts["quiet_minutes"])
+        opened = Anomaly.objects.filter(started_at__gte=scored_from, started_at__lte=result.end)
+        standing = Anomaly.objects.filter(Q(ended_at=None) | Q(ended_at__gte=scored_from), started_at__lt=scored_from)
+        later = [s for s in canonical_entities(standing) if s.started_at >= scored_from]
+        log = result.faults
         self.stdout.write(f"quiet fleet: {result.ticks} ticks of {opts['fleet_gpus']} GPUs in "
                           f"{time.perf_counter() - wall:.0f} s ({_phases(result.seconds)}); "
-                          f"{len(result.faults.events)} simulator events, {len(result.faults.gpus)} GPUs with faults, "
-                          f"{len(result.faults.hosts)} hosts down, {len(result.faults.ports)} ports with errors")
+                          f"{len(log.events)} simulator events; declared: "
+                          f"{_counts(log.count(latent=True))} latent, {_counts(log.count(latent=False))} injected")
         self._errors(result.errors)
-        return quiet_precision(seen, result.faults)
+        return QuietRun(quiet_precision(canonical_entities(opened), log), standing.count(),
+                        {"members": len(later), "unexplained": sum(log.explain(s) is None for s in later)},
+                        [p for p in pages.fired if p["at"] >= scored_from], job_hours.hours,
+                        [s for s in [*canonical_entities(opened), *later]
+                         if s.kind == "straggler" and log.explain(s) is None], opts["fleet_gpus"],
+                        opts["quiet_minutes"])
 
     def _errors(self, errors: dict[str, list[str]]) -> None:
         for name, messages in errors.items():
@@ -211,21 +235,24 @@ class Command(BaseCommand):
             self.failures += len(messages)
 
     # --- the report -------------------------------------------------------------------------------
-    def _report(self, outcomes: list[Outcome], precision: Precision | None, opts: dict) -> None:
+    def _report(self, outcomes: list[Outcome], quiet: QuietRun | None, opts: dict) -> None:
         w = self.stdout.write
         w("")
         self._scenario_table(outcomes)
         recall = sum(o.detected for o in outcomes) / len(outcomes) if outcomes else math.nan
-        w(f"recall {sum(o.detected for o in outcomes)}/{len(outcomes)} = {_num(recall)}")
-        value = math.nan
-        if precision is not None:
-            value = math.nan if precision.precision is None else precision.precision
-            self._precision_lines(precision, opts)
+        w(f"recall {sum(o.detected for o in outcomes)}/{len(outcomes)} = {_num(recall)}, target all detected: "
+          + ("-" if not outcomes else "PASS" if recall == 1.0 else "FAIL"))
+        if quiet is not None:
+            self._precision_lines(quiet, opts)
         if self.failures:
             w(f"scorer failures: {self.failures} pass(es) raised (see above); those minutes went unscored")
+        q = quiet or QuietRun.none()
         w(f"RESULT scenario_eval straggler_ttd_s={_worst_ttd(outcomes, 'straggler')} "
-          f"degrading_lead_h={_worst_lead(outcomes, 'gpu-degrading')} quiet_precision={_num(value)} "
-          f"recall={_num(recall)}")
+          f"straggler_hw_ttd_s={_worst_ttd(outcomes, 'straggler-hw')} "
+          f"false_straggler_per_1k_job_h={_num(q.false_stragglers_per_1k_job_h)} "
+          f"quiet_precision={_num(q.precision.precision)} quiet_events_per_1k_gpu_h={_num(q.events_per_1k_gpu_h)} "
+          f"quiet_pages={'nan' if quiet is None else len(q.paging)} recall={_num(recall)} "
+          f"{_overall(outcomes, quiet)}")
 
     def _scenario_table(self, outcomes: list[Outcome]) -> None:
         w = self.stdout.write
@@ -252,18 +279,34 @@ class Command(BaseCommand):
             if o.fails_at is not None and o.lead_s is not None:
                 w(f"  {o.scenario}: failure_risk events on {o.risk_elsewhere} other GPU(s) in the same run")
 
-    def _precision_lines(self, precision: Precision, opts: dict) -> None:
-        w = self.stdout.write
-        value = math.nan if precision.precision is None else precision.precision
-        verdict = "PASS" if precision.total == 0 or value >= QUIET_PRECISION else "FAIL"
-        reasons = ", ".join(f"{why}: {n}" for why, n in sorted(precision.explained.items())) or "none"
-        w(f"quiet fleet ({opts['fleet_gpus']} GPUs, {opts['quiet_minutes']:g} min): {precision.total} anomalies, "
-          f"{precision.true_positives} explained by injected faults ({reasons}); precision {_num(value)} "
-          f"(without latent defects {_num(precision.strict_precision)}), target >= {QUIET_PRECISION} {verdict}")
-        kinds = Counter(s.kind for s in precision.unexplained)
-        w("  unexplained by detector: " + (", ".join(f"{k} {n}" for k, n in kinds.most_common()) or "none"))
-        for s in precision.unexplained[:5]:
+    def _precision_lines(self, q: QuietRun, opts: dict) -> None:
+        """The quiet run's figures, each with its target and verdict, and what explains (or not) its events."""
+        w, p = self.stdout.write, q.precision
+        explained = ", ".join(f"{why} {n}" for why, n in sorted(p.explained.items(), key=lambda kv: -kv[1])) or "none"
+        w(f"quiet fleet ({q.gpus} GPUs, {q.minutes:g} min scored after {opts['warmup']:g} min of warm-up): "
+          f"{p.events} anomaly events opened ({q.standing} standing from the warm-up); their {p.members} members "
+          f"(detector x entity) explained by: {explained}")
+        w(f"  events per 1,000 GPUs per hour {_num(q.events_per_1k_gpu_h)}, target <= {QUIET_EVENTS_PER_1K_GPU_H:g}: "
+          f"{_verdict(q.events_per_1k_gpu_h, QUIET_EVENTS_PER_1K_GPU_H, below=True)}")
+        w(f"  precision {_num(p.precision)} ({p.true_events} of {p.events} events have every member explained; "
+          f"{_num(p.strict_precision)} counting only faults injected during the run; "
+          f"members {_num(p.member_precision)}), target >= {QUIET_PRECISION}: "
+          f"{_verdict(p.precision, QUIET_PRECISION, below=False)}")
+        severities = Counter(f["severity"] for f in q.fired)
+        w(f"  pages (critical alerts from anomaly, risk and job rules) {len(q.paging)}, target <= {QUIET_PAGES}: "
+          f"{_verdict(len(q.paging), QUIET_PAGES, below=True)}; all their alerts: "
+          + (", ".join(f"{sev} {n}" for sev, n in severities.most_common()) or "none"))
+        w(f"  false straggler flags {len(q.false_stragglers)} over {q.job_hours:.1f} training job-hours = "
+          f"{_num(q.false_stragglers_per_1k_job_h)} per 1,000, target <= {FALSE_STRAGGLERS_PER_1K_JOB_H:g}: "
+          f"{_verdict(q.false_stragglers_per_1k_job_h, FALSE_STRAGGLERS_PER_1K_JOB_H, below=True)}")
+        w(f"  standing events took {q.later['members']} new members during the hour, {q.later['unexplained']} "
+          "of them unexplained")
+        kinds = Counter(s.kind for s in p.unexplained)
+        w("  unexplained members by detector: " + (", ".join(f"{k} {n}" for k, n in kinds.most_common()) or "none"))
+        for s in p.unexplained[:5]:
             w(f"  e.g. {s.kind} on {s.entity_kind} {s.entity} from {s.started_at:%H:%M}: {s.summary}")
+        for f in q.fired[:3]:
+            w(f"  alert {f['rule']} ({f['severity']}) at {f['at']:%H:%M} on {f['entity']}: {f['summary']}")
 
 
 def _failure_scorer(write, opts: dict):
@@ -299,20 +342,24 @@ def _target(o: Outcome) -> tuple[str, bool]:
     return "detected", o.detected
 
 
+def _overall(outcomes: list[Outcome], quiet) -> str:
+    """PASS when every target of what ran is met (each scenario's, and the quiet hour's four)."""
+    verdicts = [_target(o)[1] for o in outcomes]
+    if quiet is not None:
+        verdicts += [_verdict(v, target, below=below) != "FAIL" for v, target, below in (
+            (quiet.false_stragglers_per_1k_job_h, FALSE_STRAGGLERS_PER_1K_JOB_H, True),
+            (quiet.precision.precision, QUIET_PRECISION, False),
+            (quiet.events_per_1k_gpu_h, QUIET_EVENTS_PER_1K_GPU_H, True),
+            (len(quiet.paging), QUIET_PAGES, True))]
+    return "PASS" if verdicts and all(verdicts) else "FAIL"
+
+
 def _worst_ttd(outcomes: list[Outcome], scenario: str) -> str:
     """The slowest detection over the runs of `scenario`: inf when one was missed, nan when none ran."""
     runs = [o for o in outcomes if o.scenario == scenario]
     if not runs:
         return "nan"
     return "inf" if any(o.ttd_s is None for o in runs) else f"{max(o.ttd_s for o in runs):.0f}"
-
-
-def _worst_lead(outcomes: list[Outcome], scenario: str) -> str:
-    """The shortest warning over the runs, in hours: 0 for a failure never predicted; nan when none ran."""
-    runs = [o for o in outcomes if o.scenario == scenario]
-    if not runs:
-        return "nan"
-    return _num(min(0.0 if o.lead_s is None else o.lead_s for o in runs) / 3600)
 
 
 def _secs(s: float | None) -> str:
@@ -334,3 +381,74 @@ def _phases(seconds: dict[str, float]) -> str:
         detail = ", ".join(f"{n} {x:.0f}" for n, x in sorted(rollups, key=lambda kv: -kv[1])) if k == "rollups" else ""
         out.append(f"{k} {v:.0f} s" + (f" [{detail}]" if detail else ""))
     return ", ".join(out)
+
+
+# --- the quiet run's figures ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QuietRun:
+    """What the scenario-free run measured: its events, pages and straggler flags."""
+
+    precision: Precision  # the events opened in the scored window, judged (anomaly.groundtruth)
+    standing: int  # events opened in the warm-up and still open in the window
+    later: dict  # members first flagged in the window inside standing events: {"members", "unexplained"}
+    fired: list[dict]  # alerts the anomaly-fed rules fired in the window (alerts.evaluation.RuleReplay)
+    job_hours: float  # training jobs (pretrain, finetune) running in the window, in job-hours
+    false_stragglers: list  # straggler members first flagged in the window that no declared fault explains
+    gpus: int
+    minutes: float
+
+    @classmethod
+    def none(cls) -> QuietRun:
+        return cls(Precision(0, 0, 0, 0, {}, []), 0, {}, [], 0.0, [], 0, 0.0)
+
+    @property
+    def paging(self) -> list[dict]:
+        """The alerts that page: critical severity (the default route tree pages on it at once)."""
+        return [f for f in self.fired if f["severity"] == PAGING_SEVERITY]
+
+    @property
+    def events_per_1k_gpu_h(self) -> float | None:
+        return self.precision.events / (self.gpus / 1000) / (self.minutes / 60) if self.gpus and self.minutes else None
+
+    @property
+    def false_stragglers_per_1k_job_h(self) -> float | None:
+        return len(self.false_stragglers) / (self.job_hours / 1000) if self.job_hours else None
+
+
+PAGING_SEVERITY = "critical"
+ANOMALY_RULE_KINDS = ("anomaly", "risk", "job")
+
+
+def _anomaly_rules():
+    """The default rules fed by anomaly events and scores, replayed read-only each minute: nothing is
+    stored, routed or sent from the scratch run (a queued notification would reach the live workers)."""
+    from alerts.defaults import DEFAULT_RULES  # late: alerts sits above anomaly; only this count reads it
+    from alerts.evaluation import RuleReplay
+    from alerts.models import Rule
+
+    return RuleReplay([Rule(**spec) for spec in DEFAULT_RULES if spec["kind"] in ANOMALY_RULE_KINDS])
+
+
+class TrainingJobHours:
+    """Job-hours of the training jobs (the kinds that report steps) running in [start, until), counted
+    from the simulator's scheduler once a simulated minute."""
+
+    def __init__(self, sim: Simulation, start: datetime, until: datetime):
+        self.sim, self.start, self.until, self.hours = sim, start, until, 0.0
+
+    def __call__(self, t: datetime) -> int:
+        if not self.start <= t < self.until:
+            return 0
+        running = sum(j.state == RUNNING and j.kind in TRAINING_KINDS for j in self.sim.cluster.scheduler.jobs.values())
+        self.hours += running / 60
+        return running
+
+
+def _verdict(value: float | None, target: float, *, below: bool) -> str:
+    if value is None or value != value:
+        return "-"
+    return "PASS" if (value <= target if below else value >= target) else "FAIL"
+
+
+def _counts(counter: Counter) -> str:
+    return ", ".join(f"{n} {what}" for what, n in counter.most_common()) or "none"

@@ -6,7 +6,10 @@ history, then ticks on the wall clock and prints one line per tick.
 
 ``--scenario NAME[@START_MINUTES][:ENTITY]`` (repeatable) scripts failures on the cluster and
 writes their ground truth as JSON lines to ``--truth`` (default ``var/scenarios/<first tick>.jsonl``);
-``--scenario-speed`` plays their timelines faster. See `telemetry.simulator.scenarios`.
+``--scenario-speed`` plays their timelines faster. See `telemetry.simulator.scenarios`. The same file
+declares everything else the simulator plants (`telemetry.simulator.truth`): the latent defects the
+cluster was built with, then each fault it injects, as it happens. ``--truth`` alone (no scenario)
+writes just those.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ class Command(BaseCommand):
         parser.add_argument("--scenario-speed", type=_positive(float), default=1.0, metavar="FACTOR",
                             help="Play scenario timelines FACTOR times faster (default 1)")
         parser.add_argument("--truth", type=Path, metavar="FILE",
-                            help="Ground-truth JSON lines (default var/scenarios/<first tick>.jsonl)")
+                            help="Ground-truth JSON lines: scenarios, latent defects and injected faults "
+                                 "(default with --scenario: var/scenarios/<first tick>.jsonl)")
 
     def handle(self, *args, **opts) -> None:
         token = self._token(opts)
@@ -105,10 +109,11 @@ class Command(BaseCommand):
         runner.run(1 if opts["once"] else opts["ticks"])
 
     def _scenarios(self, opts: dict) -> ScenarioSet | None:
-        if not opts["scenario"]:
+        if not opts["scenario"] and not opts["truth"]:
             return None
         truth = opts["truth"] or _default_truth
-        return ScenarioSet(opts["scenario"], seed=opts["seed"], speed=opts["scenario_speed"], truth=truth)
+        return ScenarioSet(opts["scenario"], seed=opts["seed"], speed=opts["scenario_speed"], truth=truth,
+                           faults=True)
 
     def _token(self, opts: dict) -> str:
         if opts["token"]:

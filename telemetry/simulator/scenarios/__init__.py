@@ -11,6 +11,10 @@ Entities: a GPU as its UUID or ``HOST/INDEX`` (a bare HOST lets the seed pick th
 node as its HOST; a port as ``OWNER:PORT``; a leaf, rack or cooling loop (or row) by name; a job scenario takes a
 HOST as its first node. The same seed, specs and tick times give the same stories and the same
 ground truth.
+
+With ``faults=True`` (what ``simulate`` does) the file declares everything else the simulator plants
+too (`telemetry.simulator.truth`): the latent defects the cluster was built with, on the first tick,
+then every fault it injects as it happens, one line each, appended tick by tick.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from telemetry.simulator.scenarios.network import CongestedUplink, IbLinkFlap, P
 from telemetry.simulator.scenarios.node import NodeDown
 from telemetry.simulator.scenarios.site import CoolingFailure, RackOverCap
 from telemetry.simulator.scenarios.training import Divergence, Straggler, StragglerHardware
+from telemetry.simulator.truth import FaultRecorder, latent_defects
 
 __all__ = ["SCENARIOS", "ScenarioError", "ScenarioSet", "Spec", "parse_spec"]
 
@@ -52,15 +57,19 @@ class ScenarioSet:
 
     `truth` is the ground-truth file, or a function from the first tick's epoch time to it
     (the command's default names the file after that time), or None to keep it in memory.
+    With `faults`, the latent defects and injected faults are declared as well (`declared`).
     """
 
     def __init__(self, specs: list[Spec], *, seed: int = 1, speed: float = 1.0,
-                 truth: Path | Callable[[float], Path] | None = None):
+                 truth: Path | Callable[[float], Path] | None = None, faults: bool = False):
         if speed <= 0:
             raise ValueError("the scenario speed must be positive")
         self.specs, self.seed, self.speed, self.truth = list(specs), seed, speed, truth
         self.active: list[Scenario] = []
-        self.records: list[dict] = []
+        self.records: list[dict] = []  # the scenarios' lines
+        self.declared: list[dict] = []  # latent defects and injected faults (with `faults`)
+        self.faults = faults
+        self.recorder: FaultRecorder | None = None
         self.truth_path: Path | None = None
 
     def arm(self, cluster, t: float) -> list[str]:
@@ -73,6 +82,9 @@ class ScenarioSet:
             scenario.choose(taken)
             self.active.append(scenario)
         self.records = [s.truth() for s in self.active]
+        if self.faults:
+            self.declared = latent_defects(cluster, t)
+            self.recorder = FaultRecorder(cluster)
         self._write(t)
         lines = [f"scenario {r['scenario']} armed on {r['entity_kind']} {r['entity']}, starts {r['starts_at']}, "
                  f"fails {r['fails_at'] or 'never'}" for r in self.records]
@@ -84,15 +96,24 @@ class ScenarioSet:
         path = self.truth(t) if callable(self.truth) else Path(self.truth)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as out:
-            for record in self.records:
+            for record in [*self.records, *self.declared]:
                 out.write(orjson.dumps(record) + b"\n")
         self.truth_path = path
+
+    def _append(self, records: list[dict]) -> None:
+        self.declared += records
+        if self.truth_path is not None and records:
+            with self.truth_path.open("ab") as out:
+                out.write(b"".join(orjson.dumps(r) + b"\n" for r in records))
 
     def before(self, t: float, dt: float) -> list[str]:
         """Let every scenario change the state before this tick's records are built."""
         return [line for s in self.active for line in s.before(t, dt)]
 
     def after(self, tick) -> None:
-        """Let every scenario add events (and training points) to the finished tick."""
+        """Let every scenario add events (and training points) to the finished tick; then declare
+        the faults the simulator injected in it (with `faults`)."""
         for s in self.active:
             s.after(tick)
+        if self.recorder is not None:
+            self._append(self.recorder.observe(tick))
