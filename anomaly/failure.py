@@ -410,6 +410,16 @@ def alarms_allowed(gpu_days: float, per_1k_gpu_days: float, confidence: float | 
     return float(k)
 
 
+def min_calibration_gpu_days(per_1k_gpu_days: float, confidence: float | None) -> float:
+    """The GPU-days a calibration slice needs before even zero alarms show a rate of `per_1k_gpu_days`
+    at `confidence` (chi²(confidence, 2) / 2 expected alarms: 3.0 at 95 %); 0 for the point estimate."""
+    if confidence is None:
+        return 0.0
+    from scipy.stats import chi2
+
+    return float(chi2.ppf(confidence, 2) / 2 * 1000 / per_1k_gpu_days)
+
+
 def false_alarm_threshold(gpu, time, p, *, per_1k_gpu_days: float, step_s: float,
                           confidence: float | None = None) -> float:
     """The lowest threshold at which the rows of healthy GPUs open at most `alarms_allowed` alarms (a rate

@@ -23,6 +23,7 @@ from anomaly.failure import (
     failure_episodes,
     failure_labels,
     false_alarm_threshold,
+    min_calibration_gpu_days,
 )
 from anomaly.failure_eval import HEALTHY, Fold, leave_family_out, pool_fleets, run_fold, summarize, training_rows
 from anomaly.failure_families import (
@@ -155,6 +156,10 @@ def test_alarms_allowed_as_an_upper_bound_are_fewer_than_the_point_estimate():
     assert alarms_allowed(3072, 1.0, 0.95) == 0 and alarms_allowed(6000, 1.0, 0.95) == 1
     assert alarms_allowed(2900, 1.0, 0.95) == -1  # too short to show 1 per 1,000 GPU-days even with none
     assert alarms_allowed(6000, 1.0, 0.5) > alarms_allowed(6000, 1.0, 0.95)
+    need = min_calibration_gpu_days(1.0, 0.95)  # the slice where zero alarms first shows the rate
+    assert round(need) == 2996
+    assert alarms_allowed(need + 1, 1.0, 0.95) == 0 and alarms_allowed(need - 1, 1.0, 0.95) == -1
+    assert min_calibration_gpu_days(1.0, None) == 0
 
 
 def test_false_alarm_threshold_with_confidence_leaves_room_for_the_rate_to_be_worse_than_it_looked():
@@ -287,6 +292,8 @@ def test_command_reports_per_family_and_ends_with_the_result_line(monkeypatch, t
                         r"recall=(\d\.\d{3}|n/a) unforeseeable_share=\d\.\d{3} (PASS|FAIL)", lines[-1])
     assert all(any(line.startswith(f) for line in lines) for f in FAMILIES)
     assert any(line.startswith("unforeseeable (sudden)") for line in lines)
+    # 2 fleets of 256 GPUs calibrate on ~256 GPU-days: the command says its thresholds promise less.
+    assert any(line.startswith("warning: 10 of 10 calibration slices hold under 2,996 GPU-days") for line in lines)
     assert (tmp_path / "f.json").read_bytes().startswith(b"{") and len((tmp_path / "t.jsonl").read_text().split())
 
 

@@ -27,8 +27,15 @@ import orjson
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from anomaly.failure import HOUR
-from anomaly.failure_eval import EVAL_PARAMS, Fold, leave_family_out, pool_fleets, summarize
+from anomaly.failure import HOUR, FailurePredictor, min_calibration_gpu_days
+from anomaly.failure_eval import (
+    EVAL_PARAMS,
+    PASS_FALSE_ALARMS,
+    Fold,
+    leave_family_out,
+    pool_fleets,
+    summarize,
+)
 from anomaly.failure_families import FAMILIES
 from anomaly.failure_prior import titan_prior
 from anomaly.failure_sim import simulate_fleet
@@ -156,6 +163,13 @@ class Command(BaseCommand):
         calibration = [f.calibration for f in folds]
         w(f"threshold choice: {sum(c['alarms'] for c in calibration)} alarms over "
           f"{sum(c['gpu_days'] for c in calibration):,.0f} training GPU-days of calibration slices")
+        confidence = {**FailurePredictor().get_params(), **EVAL_PARAMS}["false_alarm_confidence"]
+        need = min_calibration_gpu_days(PASS_FALSE_ALARMS, confidence)
+        short = [c["gpu_days"] for c in calibration if c["gpu_days"] < need]
+        if short:
+            w(f"warning: {len(short)} of {len(calibration)} calibration slices hold under {need:,.0f} GPU-days "
+              f"(smallest {min(short):,.0f}): too few to show <= {PASS_FALSE_ALARMS:g} false alarm per 1,000 "
+              "GPU-days even with none, so their thresholds promise less; use more or larger fleets")
         w(f"lead: median {_num(o['lead_median_h'])} h (target >= 1 h), false alarms "
           f"{o['false_alarms_per_1k_gpu_days']:.3f} per 1,000 GPU-days (target <= 1); {seconds:.0f} s")
 
