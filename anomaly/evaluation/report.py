@@ -88,12 +88,15 @@ def json_path(text: str) -> Path:
 def write_json(path: Path, data: dict) -> None:
     """Write `data` as JSON, whole or not at all (a temporary file renamed over PATH); NaN (a median
     delay with nothing detected) becomes null."""
-    path = Path(path)
-    text = json.dumps(_finite(data), indent=2) + "\n"
+    write_atomic(Path(path), (json.dumps(_finite(data), indent=2) + "\n").encode())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all: a temporary file beside it, renamed over it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

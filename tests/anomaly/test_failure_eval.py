@@ -304,6 +304,10 @@ def test_command_refuses_too_few_fleets_with_a_clear_error():
         call_command("failure_eval", "--fleets", "2")
     with pytest.raises(CommandError, match="--span-h must be at least 25"):
         call_command("failure_eval", "--span-h", "10")
+    with pytest.raises(CommandError, match="--tick-s must be > 0"):
+        call_command("failure_eval", "--tick-s", "0")
+    with pytest.raises(CommandError, match="no-such-folder is not a writable folder"):
+        call_command("failure_eval", "--json", "no-such-folder/f.json")
 
 
 def test_sim_steps_are_quarter_hours():

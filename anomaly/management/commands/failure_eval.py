@@ -16,8 +16,6 @@ healthy GPU-days).
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +25,7 @@ import orjson
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
+from anomaly.evaluation.report import json_path, write_atomic
 from anomaly.failure import HOUR, FailurePredictor, min_calibration_gpu_days
 from anomaly.failure_eval import (
     EVAL_PARAMS,
@@ -70,15 +69,15 @@ class Command(BaseCommand):
         parser.add_argument("--titan-csv", type=Path, default=None,
                             help="Titan gc_full.csv for the survival prior (default: fit_survival's path; "
                                  "without it the failures strike at random and the prior is unknown)")
-        parser.add_argument("--truth", type=Path, help="Write the ground truth (JSON lines) here")
-        parser.add_argument("--json", type=Path, help="Write every figure (JSON) here")
+        parser.add_argument("--truth", type=json_path, help="Write the ground truth (JSON lines) here")
+        parser.add_argument("--json", type=json_path, help="Write every figure (JSON) here")
 
     def handle(self, *args, **opts) -> None:
         self._check(opts)
         started = time.monotonic()
         fleets = self._simulate(opts)
         if opts["truth"]:
-            _write(opts["truth"], b"".join(orjson.dumps({**r, "fleet": f.fleet}) + b"\n"
+            write_atomic(opts["truth"], b"".join(orjson.dumps({**r, "fleet": f.fleet}) + b"\n"
                                            for f in fleets for r in f.truth))
         pool = pool_fleets(fleets)
         with tqdm(total=2 * len(FAMILIES), desc="leave-family-out", unit="model") as bar:
@@ -89,7 +88,7 @@ class Command(BaseCommand):
         summary = summarize(folds, pool)
         self._report(folds, summary, pool, opts, time.monotonic() - started)
         if opts["json"]:
-            _write(opts["json"], orjson.dumps({"options": {k: str(v) for k, v in opts.items()}, **summary,
+            write_atomic(opts["json"], orjson.dumps({"options": {k: str(v) for k, v in opts.items()}, **summary,
                                                "folds": [_fold_json(f) for f in folds]}, option=orjson.OPT_INDENT_2,
                                               default=_plain))
         o = summary["overall"]
@@ -111,9 +110,8 @@ class Command(BaseCommand):
         if opts["span_h"] < 25:
             raise CommandError(f"--span-h must be at least 25: a 24 h precursor must fit after the first cut, "
                                f"got {opts['span_h']}")
-        for name in ("truth", "json"):
-            if opts[name] and not opts[name].parent.is_dir():
-                raise CommandError(f"--{name} {opts[name]}: no such directory {opts[name].parent}")
+        if not opts["tick_s"] > 0:
+            raise CommandError(f"--tick-s must be > 0, got {opts['tick_s']}")
 
     def _simulate(self, opts: dict) -> list:
         path = opts["titan_csv"] or default_csv()
@@ -193,11 +191,3 @@ def _fold_json(f: Fold) -> dict:
             "threshold": f.threshold, "calibration": f.calibration, "false_alarms": f.false_alarms,
             "gpu_days": round(f.gpu_days, 1), "lead_h": hours(f.leads),
             "unforeseeable_lead_h": {k: hours(v) for k, v in f.unforeseeable.items()}}
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Whole or not at all: a temporary file renamed over the target."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    os.replace(tmp, path)
