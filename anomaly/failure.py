@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import chi2
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.calibration import CalibratedClassifierCV
 from sklearn.ensemble import HistGradientBoostingClassifier
@@ -402,8 +403,6 @@ def alarms_allowed(gpu_days: float, per_1k_gpu_days: float, confidence: float | 
     budget = per_1k_gpu_days * gpu_days / 1000
     if confidence is None:
         return budget
-    from scipy.stats import chi2
-
     k = -1
     while chi2.ppf(confidence, 2 * (k + 2)) / 2 <= budget:
         k += 1
@@ -415,8 +414,6 @@ def min_calibration_gpu_days(per_1k_gpu_days: float, confidence: float | None) -
     at `confidence` (chi²(confidence, 2) / 2 expected alarms: 3.0 at 95 %); 0 for the point estimate."""
     if confidence is None:
         return 0.0
-    from scipy.stats import chi2
-
     return float(chi2.ppf(confidence, 2) / 2 * 1000 / per_1k_gpu_days)
 
 

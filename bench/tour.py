@@ -135,8 +135,11 @@ def scenario_specs(first_min: float, stagger_s: int) -> list[str]:
 def read_truth(path: Path, timeout: float = 240.0) -> list[dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if path.exists() and len(lines := path.read_bytes().splitlines()) >= 4:
-            return [json.loads(x) for x in lines]
+        # The file also declares the simulator's latent defects and injected faults ({"defect": ...}):
+        # the tour's four faults are its scenario lines.
+        lines = [json.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+        if len(scenarios := [x for x in lines if "scenario" in x]) >= 4:
+            return scenarios
         time.sleep(1)
     raise RuntimeError(f"the simulator wrote no ground truth within {timeout:.0f} s; "
                        "see var/log/bench-tour-simulate.log")
