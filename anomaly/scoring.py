@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -265,11 +266,25 @@ def _cohort_findings(m: F.Matrix, det) -> list[Finding]:
     """Cohort outliers among GPUs in a steady state: busy, or idle with no job. A job's GPU that is
     nearly idle (warming up, checkpointing, waiting on data) or changing jobs matches neither cohort
     and is judged by the peer and straggler detectors instead (scenario_eval's quiet 16k-GPU hour:
-    every unexplained event came from such GPUs in the idle cohort)."""
+    every unexplained event came from such GPUs in the idle cohort). A flag its job explains is
+    dropped and the rest are explained against the job (`_job_levels`)."""
     every = F.state_cohorts(m.X, m.context["cohort"])
     busy = np.char.endswith(every.astype(str), "busy")
     steady = m.context["settled"] & (busy | (m.context["job"] == ""))
     rows = np.flatnonzero(det.predict(m.X, every) & steady)
+    if not len(rows):
+        return []
+    z, expected = det.deviations(m.X[rows], every[rows])
+    level = _job_levels(m, every, steady, rows)
+    in_job = np.isfinite(level)
+    off_job = (m.X[rows] - level) / np.array([det.scale_[str(c)] for c in every[rows]])
+    strong = np.nan_to_num(np.abs(z), nan=0.0) >= Z_THRESHOLD
+    # Every metric the GPU is far off its cohort on is where its job is too: the job's doing.
+    shared = in_job.any(axis=1) & strong.any(axis=1) & ~(
+        strong & (~in_job | (np.abs(np.nan_to_num(off_job, nan=0.0)) >= Z_THRESHOLD))).any(axis=1)
+    z, expected = np.where(in_job, off_job, z), np.where(in_job, level, expected)
+    keep = ~shared
+    rows, z, expected, in_job = rows[keep], z[keep], expected[keep], in_job[keep]
     if not len(rows):
         return []
     cohorts = every[rows]
@@ -277,7 +292,6 @@ def _cohort_findings(m: F.Matrix, det) -> list[Finding]:
     dist = det.distances(m.X[rows], cohorts) / np.array([det.distance_thresholds_[str(c)] for c in cohorts]) - 1
     # 0.5 at either threshold; 1 at 0.1 beyond the forest's, or twice the distance threshold.
     scores = 0.5 + 0.5 * np.clip(np.maximum(forest / 0.1, dist), 0.0, 1.0)
-    z, expected = det.deviations(m.X[rows], cohorts)
     out = []
     for k, i in enumerate(rows):
         a = np.nan_to_num(np.abs(z[k]), nan=0.0)
@@ -285,7 +299,43 @@ def _cohort_findings(m: F.Matrix, det) -> list[Finding]:
         out.append(Finding(AnomalyKind.COHORT, "gpu", str(m.context["uuid"][i]),
                            float(scores[k]), tuple(
             Contribution(m.features[j].name, m.features[j].label, m.X[i, j], expected[k, j], float(z[k, j]),
-                         f"{cohort} cohort") for j in np.argsort(-a)[:TOP]), host=str(m.context["host"][i])))
+                         "its job's GPUs" if in_job[k, j] else f"{cohort} cohort")
+            for j in np.argsort(-a)[:TOP]), host=str(m.context["host"][i])))
+    return out
+
+
+# A median over the job's GPUs is the job's own level only when the flagged GPU cannot be half of it.
+JOB_LEVEL_MIN_GPUS = 3
+
+
+def _job_levels(m: F.Matrix, every: np.ndarray, steady: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(len(rows), features): the median of each flagged GPU's job over its steady GPUs of the same
+    cohort, NaN where it has no job, fewer than `JOB_LEVEL_MIN_GPUS` such GPUs, or none reports the
+    metric. A job sets what its GPUs do (a checkpoint pause drops every rank's utilisation at once;
+    an embedding job moves little over NVLink), and a workload the cohort rarely saw is not a fault
+    of the GPU running it: a flag stands only where the GPU is `Z_THRESHOLD` σ (its cohort's σ) off
+    its job's median on a metric it is that far off its cohort on, and it is explained by what sets
+    it apart from its job (NVLink errors its peers do not have), not by the job's workload. Quiet
+    scenario-free runs: the unexplained cohort findings were GPUs that looked like the rest of their
+    job, and one true NVLink error burst that the job's low traffic pushed out of its explanation."""
+    out = np.full((len(rows), m.X.shape[1]), np.nan)
+    jobs = m.context["job"]
+    wanted = {j for j in jobs[rows] if j}
+    if not wanted:
+        return out
+    groups: dict[tuple, list[int]] = {}
+    for i in np.flatnonzero(steady & np.isin(jobs, list(wanted))):  # one pass, not one per flagged GPU
+        groups.setdefault((jobs[i], every[i]), []).append(int(i))
+    levels: dict[tuple, np.ndarray] = {}
+    for k, i in enumerate(rows):
+        key = (jobs[i], every[i])
+        if len(groups.get(key, ())) < JOB_LEVEL_MIN_GPUS:
+            continue
+        if key not in levels:
+            with warnings.catch_warnings():  # a metric none of the job reports: no level
+                warnings.simplefilter("ignore", RuntimeWarning)
+                levels[key] = np.nanmedian(m.X[groups[key]], axis=0)
+        out[k] = levels[key]
     return out
 
 

@@ -323,7 +323,7 @@ def test_the_result_verdict_judges_every_target_of_what_ran():
 
     def quiet(events: int, true: int, pages: int) -> QuietRun:
         fired = [{"severity": "critical"}] * pages
-        return QuietRun(Precision(events, true, true, events, {}, []), 0, {}, fired, 100.0, [], 16384, 60.0)
+        return QuietRun(Precision(events, true, true, events, {}, []), 0, {}, fired, 100.0, [], 16384, 60.0, [])
 
     assert _overall([straggler(60)], None) == "PASS"
     assert _overall([straggler(180)], None) == "FAIL"  # hardware path target: 120 s

@@ -32,6 +32,7 @@ from django.db import connection
 from django.db.models import Q
 from django.test.utils import override_settings
 
+from anomaly.grouping import HOLD
 from anomaly.lifecycle import COHORT_HOURS, NotEnoughData, train_cohort_model
 from anomaly.models import Anomaly, EntityScore
 from anomaly.registry import load_active
@@ -71,6 +72,11 @@ QUIET_PRECISION = 0.9
 QUIET_EVENTS_PER_1K_GPU_H = 5.0
 QUIET_PAGES = 1
 FALSE_STRAGGLERS_PER_1K_JOB_H = 1.0
+# The judged hour starts once the console has run one event hold (`anomaly.grouping.HOLD`): from
+# then on an event opened is a cause not seen for a whole hold, which is what an event means, and
+# not merely one not seen since the console started. Every standing defect of the fleet shows in
+# those first minutes once; the report counts them per half hour (`opened_by_half_hour`).
+QUIET_WARMUP_MIN = HOLD.total_seconds() / 60
 PRIVATE_CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
@@ -102,8 +108,9 @@ class Command(BaseCommand):
         parser.add_argument("--quiet-interval", type=float, default=60.0, help="Quiet run tick (default 60 s)")
         parser.add_argument("--per-rack", action="store_true",
                             help="Quiet run: one ingest request per rack, as simulate sends (default: one per tick)")
-        parser.add_argument("--warmup", type=float, default=10.0,
-                            help="Unscored minutes of history before the quiet run (default 10)")
+        parser.add_argument("--warmup", type=float, default=QUIET_WARMUP_MIN,
+                            help="Unscored minutes the quiet fleet runs, scored, before its judged window "
+                                 f"(default {QUIET_WARMUP_MIN:g}: one event hold, see QUIET_WARMUP_MIN)")
         parser.add_argument("--seed", type=int, default=1, help="Simulator seed (default 1)")
         parser.add_argument("--in-place", action="store_true",
                             help="Use the configured database, not a scratch one: only a database kept for this, "
@@ -216,6 +223,8 @@ class Command(BaseCommand):
         opened = Anomaly.objects.filter(started_at__gte=scored_from, started_at__lte=result.end)
         standing = Anomaly.objects.filter(Q(ended_at=None) | Q(ended_at__gte=scored_from), started_at__lt=scored_from)
         later = [s for s in canonical_entities(standing) if s.started_at >= scored_from]
+        halves = Counter(int((t - start).total_seconds() // 1800) for t in Anomaly.objects.filter(
+            started_at__gte=start, started_at__lte=result.end).values_list("started_at", flat=True))
         log = result.faults
         self.stdout.write(f"quiet fleet: {result.ticks} ticks of {opts['fleet_gpus']} GPUs in "
                           f"{time.perf_counter() - wall:.0f} s ({_phases(result.seconds)}); "
@@ -227,7 +236,8 @@ class Command(BaseCommand):
                         [p for p in pages.fired if p["at"] >= scored_from], job_hours.hours,
                         [s for s in [*canonical_entities(opened), *later]
                          if s.kind == "straggler" and log.explain(s) is None], opts["fleet_gpus"],
-                        opts["quiet_minutes"])
+                        opts["quiet_minutes"],
+                        [halves[k] for k in range(math.ceil((opts["warmup"] + opts["quiet_minutes"]) / 30))])
 
     def _errors(self, errors: dict[str, list[str]]) -> None:
         for name, messages in errors.items():
@@ -288,6 +298,8 @@ class Command(BaseCommand):
           f"(detector x entity) explained by: {explained}")
         w(f"  events per 1,000 GPUs per hour {_num(q.events_per_1k_gpu_h)}, target <= {QUIET_EVENTS_PER_1K_GPU_H:g}: "
           f"{_verdict(q.events_per_1k_gpu_h, QUIET_EVENTS_PER_1K_GPU_H, below=True)}")
+        w("  events opened per half hour since the fleet started (the fleet's standing defects show once, early): "
+          + ", ".join(f"{30 * k}-{30 * (k + 1)} min {n}" for k, n in enumerate(q.opened_by_half_hour)))
         w(f"  precision {_num(p.precision)} ({p.true_events} of {p.events} events have every member explained; "
           f"{_num(p.strict_precision)} counting only faults injected during the run; "
           f"members {_num(p.member_precision)}), target >= {QUIET_PRECISION}: "
@@ -396,10 +408,11 @@ class QuietRun:
     false_stragglers: list  # straggler members first flagged in the window that no declared fault explains
     gpus: int
     minutes: float
+    opened_by_half_hour: list[int]  # events opened in each half hour since the fleet started, warm-up included
 
     @classmethod
     def none(cls) -> QuietRun:
-        return cls(Precision(0, 0, 0, 0, {}, []), 0, {}, [], 0.0, [], 0, 0.0)
+        return cls(Precision(0, 0, 0, 0, {}, []), 0, {}, [], 0.0, [], 0, 0.0, [])
 
     @property
     def paging(self) -> list[dict]:
