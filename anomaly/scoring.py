@@ -324,7 +324,8 @@ def _job_levels(m: F.Matrix, every: np.ndarray, steady: np.ndarray, rows: np.nda
     if not wanted:
         return out
     groups: dict[tuple, list[int]] = {}
-    for i in np.flatnonzero(steady & np.isin(jobs, list(wanted))):  # one pass, not one per flagged GPU
+    theirs = np.fromiter((j in wanted for j in jobs), dtype=bool, count=len(jobs))  # np.isin sorts objects: slower
+    for i in np.flatnonzero(steady & theirs):  # one pass, not one per flagged GPU
         groups.setdefault((jobs[i], every[i]), []).append(int(i))
     levels: dict[tuple, np.ndarray] = {}
     for k, i in enumerate(rows):
