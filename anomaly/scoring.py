@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -31,6 +30,7 @@ from sklearn.exceptions import NotFittedError
 
 from anomaly import features as F
 from anomaly.actions import do_record_findings
+from anomaly.detectors._robust import grouped_median_mad
 from anomaly.detectors.own_history import OwnHistory
 from anomaly.detectors.peer import PeerDeviation
 from anomaly.findings import Contribution, Finding
@@ -323,20 +323,15 @@ def _job_levels(m: F.Matrix, every: np.ndarray, steady: np.ndarray, rows: np.nda
     wanted = {j for j in jobs[rows] if j}
     if not wanted:
         return out
-    groups: dict[tuple, list[int]] = {}
-    theirs = np.fromiter((j in wanted for j in jobs), dtype=bool, count=len(jobs))  # np.isin sorts objects: slower
-    for i in np.flatnonzero(steady & theirs):  # one pass, not one per flagged GPU
-        groups.setdefault((jobs[i], every[i]), []).append(int(i))
-    levels: dict[tuple, np.ndarray] = {}
+    # Only the GPUs of the flagged GPUs' jobs are grouped (the flagged ones are steady, so among them).
+    theirs = np.flatnonzero(steady & np.fromiter((j in wanted for j in jobs), dtype=bool, count=len(jobs)))
+    keys = np.char.add(np.char.add(jobs[theirs].astype(str), "|"), every[theirs].astype(str))
+    level, _, size = grouped_median_mad(m.X[theirs], keys)
+    at = {int(i): k for k, i in enumerate(theirs)}
     for k, i in enumerate(rows):
-        key = (jobs[i], every[i])
-        if len(groups.get(key, ())) < JOB_LEVEL_MIN_GPUS:
-            continue
-        if key not in levels:
-            with warnings.catch_warnings():  # a metric none of the job reports: no level
-                warnings.simplefilter("ignore", RuntimeWarning)
-                levels[key] = np.nanmedian(m.X[groups[key]], axis=0)
-        out[k] = levels[key]
+        p = at.get(int(i))
+        if p is not None and size[p] >= JOB_LEVEL_MIN_GPUS:
+            out[k] = level[p]
     return out
 
 

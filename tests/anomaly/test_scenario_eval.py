@@ -298,6 +298,8 @@ def test_command_prints_a_table_and_the_result_line():
                  "--warmup", "1", stdout=out)
     lines = out.getvalue().splitlines()
     row = next(line for line in lines if line.startswith("straggler ") and "ticks of" not in line)
+    # The quiet fleet's 3 minutes in half hours since it started, warm-up included.
+    assert any("events opened per half hour since the fleet started" in line and "0-30 min" in line for line in lines)
     assert "yes" in row and row.endswith("PASS")
     *figures, verdict = lines[-1].removeprefix("RESULT scenario_eval ").split()
     result = dict(kv.split("=") for kv in figures)
@@ -333,3 +335,11 @@ def test_the_result_verdict_judges_every_target_of_what_ran():
     assert _overall([straggler(60)], quiet(100, 100, 0)) == "FAIL"  # 6.1 events per 1,000 GPUs per hour
     assert _overall([straggler(60)], quiet(40, 40, 2)) == "FAIL"  # two pages
     assert _overall([], None) == "FAIL"  # nothing ran, nothing shown
+
+
+def test_command_refuses_a_negative_warmup_or_window():
+    from django.core.management.base import CommandError
+
+    for flag in ("--warmup", "--quiet-minutes"):
+        with pytest.raises(CommandError, match="--warmup and --quiet-minutes must be >= 0"):
+            call_command("scenario_eval", "--in-place", flag, "-5")

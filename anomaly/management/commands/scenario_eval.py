@@ -124,6 +124,9 @@ class Command(BaseCommand):
                 logging.getLogger(name).setLevel(logging.WARNING)
         if opts["gpus"] % 8 or opts["fleet_gpus"] % 8 or (opts["interval"] or 1) <= 0 or opts["quiet_interval"] <= 0:
             raise CommandError("cluster sizes must be multiples of 8 and intervals positive")
+        if opts["warmup"] < 0 or opts["quiet_minutes"] < 0:
+            raise CommandError(f"--warmup and --quiet-minutes must be >= 0, got {opts['warmup']:g} and "
+                               f"{opts['quiet_minutes']:g}")
         if opts["in_place"]:
             self._evaluate(opts)
             return
