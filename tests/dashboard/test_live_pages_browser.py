@@ -69,14 +69,17 @@ def test_gpu_and_node_pages_update_on_ingest(asgi_server, browser_page, cluster)
     gpus = [g for g in cluster.values() if g.node.hostname == HOST]
     token = do_create_collector_token("live-test")
     now = datetime.now(UTC)
+    # Samples 20 s apart, as a collector sends them: health learns each source's interval from its
+    # samples (telemetry.health), and samples 1 s apart would make the GPUs stale 5 s after the last.
     _push(asgi_server, token, gpus, {"gpu_temp": [50.0] * len(gpus), "gpu_util": [10.0] * len(gpus)},
-          now - timedelta(seconds=20))
+          now - timedelta(seconds=40))
     page = browser_page
 
     _open(page, asgi_server, f"/gpus/{GPU_2}/")
     cell = '#bw-values dd[data-field="gpu_temp"]'
     assert page.text_content(cell).strip() == "50.0 °C"
-    _push(asgi_server, token, gpus, {"gpu_temp": [77.7] * len(gpus), "gpu_util": [10.0] * len(gpus)}, now)
+    _push(asgi_server, token, gpus, {"gpu_temp": [77.7] * len(gpus), "gpu_util": [10.0] * len(gpus)},
+          now - timedelta(seconds=20))
     page.wait_for_function(f"document.querySelector('{cell}').textContent.trim() === '77.7 °C'", timeout=30_000)
     assert _same_document(page)
 
@@ -84,8 +87,7 @@ def test_gpu_and_node_pages_update_on_ingest(asgi_server, browser_page, cluster)
     page.wait_for_function(READY, timeout=30_000)
     page.evaluate("window.__bwSameDocument = true")
     assert "77.7 °C" in page.text_content("#bw-node-gpus")
-    _push(asgi_server, token, gpus, {"gpu_temp": [66.6] * len(gpus), "gpu_util": [10.0] * len(gpus)},
-          now + timedelta(seconds=1))
+    _push(asgi_server, token, gpus, {"gpu_temp": [66.6] * len(gpus), "gpu_util": [10.0] * len(gpus)}, now)
     page.wait_for_function("document.querySelector('#bw-node-gpus').textContent.includes('66.6 °C')",
                            timeout=30_000)
     assert "77.7 °C" not in page.text_content("#bw-node-gpus")
