@@ -31,23 +31,15 @@ import time
 import redis
 from django.conf import settings
 
+from alerts.tasks import evaluate
+from core.redis_client import shared_client
+
 logger = logging.getLogger(__name__)
 
 FLAG_TTL_S = 30
 PACE = 6.0
 MIN_SPACING_S = 1.0
 MAX_PACING_S = 3.0
-_client: redis.Redis | None = None
-
-
-def _redis() -> redis.Redis:
-    """One client per process that fails within about a second instead of stalling ingest."""
-    global _client
-    if _client is None:
-        from telemetry.live import fast_client  # here: ingest's writer imports this module
-
-        _client = fast_client(settings.REDIS_URL)
-    return _client
 
 
 def evaluation_flag_key() -> str:
@@ -62,14 +54,14 @@ def pacing_key() -> str:
 def record_evaluation(started: float, duration_s: float) -> None:
     """Remember when the last evaluation started (epoch seconds) and how long it took. Never raises."""
     try:
-        _redis().set(pacing_key(), f"{started:.3f} {duration_s:.3f}", ex=FLAG_TTL_S)
+        shared_client().set(pacing_key(), f"{started:.3f} {duration_s:.3f}", ex=FLAG_TTL_S)
     except redis.RedisError as exc:
         logger.warning("could not record the alert evaluation's duration: %s", exc)
 
 
 def pacing_delay(now: float) -> float:
     """Seconds the next triggered evaluation should wait (0 when the last one is long enough ago)."""
-    raw = _redis().get(pacing_key())
+    raw = shared_client().get(pacing_key())
     try:
         started, duration = map(float, raw.split())
     except (AttributeError, ValueError):  # none recorded yet (or not ours to read): no pacing
@@ -81,15 +73,13 @@ def schedule_evaluation() -> None:
     """Queue one rule evaluation unless one is already queued. Never raises (it runs after ingest commits)."""
     key = evaluation_flag_key()
     try:
-        if not _redis().set(key, "1", nx=True, ex=FLAG_TTL_S):
+        if not shared_client().set(key, "1", nx=True, ex=FLAG_TTL_S):
             return
         delay = pacing_delay(time.time())
     except redis.RedisError as exc:
         logger.warning("alert evaluation not scheduled (Redis): %s", exc)
         return
     try:
-        from alerts.tasks import evaluate
-
         evaluate.apply_async(countdown=delay if delay >= 0.01 else None)
     except Exception:
         logger.exception("alert evaluation not scheduled (broker)")
@@ -99,6 +89,6 @@ def schedule_evaluation() -> None:
 def clear_evaluation_flag() -> None:
     """Called as an evaluation starts: later commits queue the next run. Never raises."""
     try:
-        _redis().delete(evaluation_flag_key())
+        shared_client().delete(evaluation_flag_key())
     except redis.RedisError as exc:
         logger.warning("could not clear the alert evaluation flag: %s", exc)

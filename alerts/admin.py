@@ -14,7 +14,6 @@ from alerts.models import (
     Alert,
     AlertEvent,
     AlertGroup,
-    AuditEntry,
     Channel,
     DeliveryAttempt,
     GuardRail,
@@ -26,6 +25,7 @@ from alerts.models import (
     Rule,
     Silence,
 )
+from core.models import AuditEntry
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -9,6 +9,7 @@ import logging
 from django.db import transaction
 
 from alerts.models import Channel, ChannelKind, InhibitRule, Route, Rule, RuleKind
+from alerts.remediation.defaults import install_default_playbooks
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +105,6 @@ def _routes(page: Channel | None, escalation: Channel | None) -> None:
 @transaction.atomic
 def install_defaults(receiver_url: str | None = None, secret: str = "") -> dict:
     """Create what is missing; with `receiver_url`, webhook channels to it are wired into the tree."""
-    from alerts.remediation.defaults import install_default_playbooks
-
     made = _rules()
     _inhibition()
     page, escalation = _channels(receiver_url, secret) if receiver_url else (None, None)

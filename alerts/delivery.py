@@ -31,9 +31,9 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from alerts import tasks, transports, urlguard
-from alerts.audit import actor_name, do_audit
 from alerts.models import Channel, DeliveryAttempt, Notification, NotificationEvent, NotificationStatus
 from alerts.transports import DeliveryResult, TransportError
+from core.audit import actor_name, do_audit
 
 log = logging.getLogger(__name__)
 

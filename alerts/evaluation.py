@@ -30,12 +30,16 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.db.models import Q
 
+from alerts.actions import clear_evaluation_flag, record_evaluation
 from alerts.lifecycle import Observation, apply_observations, do_hold_pending, do_resolve_orphans, lock_lifecycle
 from alerts.models import AlertState, EntityKind, Rule, RuleKind, RulePending
+from anomaly.selectors import current_members
 from telemetry import health
 from telemetry.fields import COUNTER, KINDS
 from telemetry.models import Gpu, GpuEvent, GpuEventKind, Node, NodeState, Port, PowerDevice, Rack, Switch
+from telemetry.selectors.power import power_overview
 from telemetry.xid import describe, effective_action
+from tenancy.selectors import tenants_for
 
 logger = logging.getLogger(__name__)
 
@@ -188,8 +192,6 @@ def _threshold(rule: Rule, now: datetime) -> list[Hit]:
 
 
 def _rack_power(rule: Rule, now: datetime) -> list[Hit]:
-    from telemetry.selectors.power import power_overview
-
     if rule.threshold is None or rule.op not in OPS:
         raise RuleError("a rack power rule needs an op and a threshold")
     compare = OPS[rule.op]
@@ -248,8 +250,6 @@ def _job(rule: Rule, now: datetime) -> list[Hit]:
     host's event, which stays open a while after the rank recovers. So the rule reads the members,
     and only those the latest pass found: an alert resolves when the rank catches up, not an hour later.
     """
-    from anomaly.selectors import current_members
-
     if rule.metric not in ("straggler", "divergence"):
         raise RuleError(f"a job rule watches 'straggler' or 'divergence', not {rule.metric!r}")
     compare = OPS.get(rule.op, operator.ge)
@@ -419,8 +419,6 @@ def hit_tenants(hits: list[Hit], now: datetime) -> dict[tuple[str, int | str], s
     """(kind, ref) -> tenant slug, for hits on a job (through its account) or on a GPU or node that exactly one
     tenant's jobs hold now: the alert then carries `tenant=<slug>`, which is how the tenant's portal sees it.
     One query per entity kind among the hits (a rule watches one kind: one query per evaluation)."""
-    from tenancy.selectors import tenants_for
-
     by_kind: dict[str, set] = {}
     for h in hits:
         if h.kind in (EntityKind.JOB, EntityKind.GPU, EntityKind.NODE):
@@ -531,8 +529,6 @@ def run_evaluation(now: datetime, *, wait: bool = True) -> dict:
     With wait=False, raises EvaluationBusy instead of waiting for a running evaluation: a Celery
     worker slot blocked on that lock is a slot that rollups and deliveries cannot use.
     """
-    from alerts.actions import clear_evaluation_flag, record_evaluation
-
     t0, started = time.perf_counter(), time.time()
     counts = {"rules": 0, "fired": 0, "resolved": 0, "errors": 0}
     with transaction.atomic():

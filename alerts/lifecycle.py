@@ -28,7 +28,6 @@ from django.db.models import Q
 from django.utils import timezone
 
 from alerts import live
-from alerts.audit import actor_name, do_audit
 from alerts.matching import fingerprint
 from alerts.models import (
     Alert,
@@ -41,6 +40,8 @@ from alerts.models import (
     RulePending,
     Severity,
 )
+from alerts.tasks import run_playbooks
+from core.audit import actor_name, do_audit
 
 logger = logging.getLogger(__name__)
 
@@ -239,8 +240,6 @@ def _run_playbooks_on_commit(alert_ids: list[int]) -> None:
     ids = list(alert_ids)
 
     def enqueue() -> None:
-        from alerts.tasks import run_playbooks
-
         try:
             run_playbooks.delay(ids)
         except Exception:  # the broker is down: the alerts stand, only the playbook suggestion is lost
@@ -348,7 +347,7 @@ def do_ingest_alertmanager(payload: dict, now: datetime) -> list[int]:
 
     Raises `alerts.alertmanager.PayloadError` (naming the field) before anything is written.
     """
-    from alerts.alertmanager import parse_webhook
+    from alerts.alertmanager import parse_webhook  # alertmanager builds this module's Observations
 
     firing, resolved = parse_webhook(payload)
     out = apply_observations(None, firing, now, complete=False, source=AlertSource.ALERTMANAGER,

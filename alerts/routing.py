@@ -46,7 +46,8 @@ from alerts.models import (
     NotificationStatus,
     Route,
 )
-from alerts.silences import OPEN_STATES, active_silences, compute_mute, inhibition_targets
+from alerts.silences import OPEN_STATES, active_silences, compute_mute, do_sweep_silences, inhibition_targets
+from alerts.tasks import deliver, flush_groups
 
 logger = logging.getLogger(__name__)
 
@@ -234,8 +235,6 @@ def _next_flush(group: AlertGroup, route: Route, fresh: bool, now: datetime) -> 
 
 def _schedule_flush(due: list[datetime], now: datetime) -> None:
     """After commit, one flush task per distinct due second (group_wait 0 sends at once, not at the next beat)."""
-    from alerts.tasks import flush_groups
-
     for countdown in sorted({max(0, math.ceil((t - now).total_seconds())) for t in due}):
         transaction.on_commit(lambda c=countdown: flush_groups.apply_async(countdown=c), robust=True)
 
@@ -249,8 +248,6 @@ def do_flush_due_groups(now: datetime | None = None) -> int:
     2. due groups are claimed in batches, each batch in its own transaction, FOR UPDATE SKIP LOCKED;
     3. a group whose alerts another transaction is changing is left due: that change re-schedules it.
     """
-    from alerts.silences import do_sweep_silences
-
     now = now or timezone.now()
     do_sweep_silences(now)
     sent, seen = 0, set()
@@ -348,7 +345,6 @@ def _notify(group: AlertGroup, route: Route, channels: list[Channel], alerts: li
         return 0
     payload = build_payload(group, route, alerts, event)
     key = dedup_key(group)
-    from alerts.tasks import deliver
 
     for channel in channels:
         note = Notification.objects.create(channel=channel, group=group, event=event, dedup_key=key,

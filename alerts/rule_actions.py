@@ -11,9 +11,9 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import CharField
 
-from alerts.audit import actor_name, do_audit
 from alerts.models import AlertState, Rule
 from alerts.selectors import RULE_FIELDS
+from core.audit import actor_name, do_audit
 
 
 def rule_defaults() -> dict:

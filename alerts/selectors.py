@@ -19,7 +19,6 @@ from alerts.models import (
     Alert,
     AlertEvent,
     AlertState,
-    AuditEntry,
     Channel,
     DeliveryAttempt,
     InhibitRule,
@@ -31,8 +30,10 @@ from alerts.models import (
     Severity,
     Silence,
 )
+from core.models import AuditEntry
+from core.time import iso_utc
 from telemetry.models import Port
-from telemetry.selectors.fleet import iso_utc
+from tenancy.scoping import is_operator as operator_scope
 
 LIST_LIMIT = 200
 OPEN_STATES = (AlertState.FIRING, AlertState.ACKNOWLEDGED)
@@ -43,8 +44,6 @@ RULE_FIELDS = ("name", "kind", "entity", "metric", "op", "threshold", "for_secon
 
 def is_operator(user) -> bool:
     """Who may change alerting and remediation state: an operator (staff, superuser or operator role)."""
-    from tenancy.scoping import is_operator as operator_scope
-
     return bool(user and user.is_authenticated and operator_scope(user))
 
 

@@ -21,10 +21,10 @@ from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from alerts.audit import actor_name, do_audit
 from alerts.lifecycle import LIFECYCLE_LOCK
 from alerts.matching import check_regexes, matches
 from alerts.models import Alert, AlertState, InhibitRule, Silence, SilenceKind, validate_matchers
+from core.audit import actor_name, do_audit
 
 OPEN_STATES = (AlertState.FIRING, AlertState.ACKNOWLEDGED)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+from alerts.remediation.executor import execute
+from alerts.remediation.playbooks import run_playbooks_for_alerts
+
 BUSY_RETRY_S = 1.0  # an ingest-triggered evaluation that finds one running tries again this much later
 
 
@@ -17,7 +20,7 @@ def evaluate(backstop: bool = False) -> dict:
     later: the running pass may have read before the commit that queued it. The trigger flag stays
     set meanwhile, so further commits add nothing to the queue (alerts.actions.schedule_evaluation).
     """
-    from alerts.evaluation import EvaluationBusy, run_evaluation
+    from alerts.evaluation import EvaluationBusy, run_evaluation  # it queues this module\'s tasks
 
     try:
         return run_evaluation(timezone.now(), wait=False)
@@ -31,7 +34,7 @@ def evaluate(backstop: bool = False) -> dict:
 @shared_task(name="alerts.tasks.flush_groups", acks_late=True)
 def flush_groups() -> int:
     """Send what alert groups have due (group_wait, group_interval, repeat_interval, escalation)."""
-    from alerts.routing import do_flush_due_groups
+    from alerts.routing import do_flush_due_groups  # it queues this module\'s tasks
 
     return do_flush_due_groups(timezone.now())
 
@@ -39,7 +42,7 @@ def flush_groups() -> int:
 @shared_task(name="alerts.tasks.deliver", acks_late=True)
 def deliver(notification_id: int) -> str:
     """Deliver one outbox row; retries are scheduled by the delivery module itself (bounded, with backoff)."""
-    from alerts.delivery import deliver_notification
+    from alerts.delivery import deliver_notification  # it queues this module\'s tasks
 
     return deliver_notification(notification_id)
 
@@ -47,7 +50,7 @@ def deliver(notification_id: int) -> str:
 @shared_task(name="alerts.tasks.sweep_outbox", acks_late=True)
 def sweep_outbox() -> int:
     """Re-enqueue outbox rows whose retry is due or whose worker died mid-delivery."""
-    from alerts.delivery import sweep_outbox as sweep
+    from alerts.delivery import sweep_outbox as sweep  # it queues this module\'s tasks
 
     return sweep(timezone.now())
 
@@ -55,14 +58,10 @@ def sweep_outbox() -> int:
 @shared_task(name="alerts.tasks.run_playbooks", acks_late=True)
 def run_playbooks(alert_ids: list[int]) -> int:
     """Propose (or run, per mode) the playbook actions for alerts that just fired."""
-    from alerts.remediation.playbooks import run_playbooks_for_alerts
-
     return run_playbooks_for_alerts(alert_ids)
 
 
 @shared_task(name="alerts.tasks.execute_action", acks_late=True)
 def execute_action(action_id: int) -> str:
     """Run one approved or automatic remediation action, then verify it."""
-    from alerts.remediation.executor import execute
-
     return execute(action_id)

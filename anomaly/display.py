@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from anomaly import features as F
 from anomaly.grouping import group_text
 from anomaly.models import Anomaly, AnomalyKind
+from core.time import iso_utc
 from telemetry.fields import KINDS
-from telemetry.selectors.fleet import iso_utc
 from telemetry.selectors.names import gpu_name, gpu_names, job_names, port_names
 
 

@@ -44,6 +44,8 @@ from anomaly.failure import (
     with_peer_excess,
 )
 from anomaly.failure_prior import SurvivalPrior
+from anomaly.models import ModelKind
+from anomaly.registry import load_active
 from telemetry.rollups import floor_bucket
 
 MINUTE, HOUR = timedelta(minutes=1), timedelta(hours=1)
@@ -197,8 +199,6 @@ def _aligned(t: datetime) -> datetime:
 
 def load_prior() -> SurvivalPrior | None:
     """The survival prior from the active survival version (`fit_survival`), None without one."""
-    from anomaly.models import ModelKind
-    from anomaly.registry import load_active
 
     active = load_active(ModelKind.SURVIVAL)
     return None if active is None else SurvivalPrior.from_report(active[1])

@@ -18,8 +18,11 @@ learns from its training rows how much it is worth; the simulated fleets place t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from anomaly.survival import lifetimes_from_records, read_records, survival_report
 
 CAGES = 3
 WINDOW_DAYS = 90.0  # the hazard at an age is the Kaplan-Meier slope over this window around it
@@ -69,10 +72,6 @@ class SurvivalPrior:
 
 def titan_prior(path) -> SurvivalPrior | None:
     """The prior from Titan's gc_full.csv at `path` (None when the file is missing)."""
-    from pathlib import Path
-
-    from anomaly.survival import lifetimes_from_records, read_records, survival_report
-
     if not Path(path).is_file():
         return None
     life, _ = lifetimes_from_records(read_records(path))

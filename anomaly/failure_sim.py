@@ -44,6 +44,7 @@ from anomaly.failure import (
 from anomaly.failure_data import Progress
 from anomaly.failure_families import BACKGROUND, FAMILIES, FamilySet, plan_failures
 from anomaly.failure_prior import SurvivalPrior
+from telemetry.simulator.dynamics import Cluster
 
 SIM_FIELDS = ("ecc_sbe_agg", "ecc_sbe_vol", "ecc_dbe_vol", "ecc_dbe_agg", "remapped_rows_correctable",
               "remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failure", "gpu_temp", "memory_temp",
@@ -87,8 +88,6 @@ def simulate_fleet(*, gpus: int = 1024, failures: int = 32, sudden_share: float 
     nodes drawn with the prior's daily hazard for their age and height as weights (without
     replacement), and the rows carry `survival_log_hazard`; without one they strike at random and the
     feature is NaN."""
-    from telemetry.simulator.dynamics import Cluster
-
     hours = warmup_h + span_h
     t0 = SIM_EPOCH + offset * timedelta(hours=hours)
     first = (t0 + timedelta(hours=warmup_h)).timestamp()

@@ -21,11 +21,15 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
+from sklearn.exceptions import NotFittedError
 
+from anomaly import failure_pipeline
 from anomaly import features as F
 from anomaly.detectors.cohort import CohortIsolationForest
-from anomaly.models import ScoringKind, ScoringWatermark
-from anomaly.registry import Promotion, do_promote_version, do_register_version
+from anomaly.models import ModelStatus, ModelVersion, ScoringKind, ScoringWatermark
+from anomaly.registry import Promotion, do_promote_version, do_record_holdout, do_register_version, load_active
+from anomaly.scoring import GPU_SCALE_FLOOR, score_fleet
+from telemetry.live import schedule_fleet_publish
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +51,6 @@ def train_cohort_model(now: datetime, *, hours: float = COHORT_HOURS, force: boo
     order = np.arange(len(X))
     holdout = _newest_share(ids, 1 / 6)
     train = np.setdiff1d(order, holdout)
-    from anomaly.scoring import GPU_SCALE_FLOOR
 
     params = {"n_estimators": 100, "max_samples": 256, "quantile": 0.001, "margin": 0.02, "random_state": 0,
               "scale_floor": [GPU_SCALE_FLOOR[f.name] for f in F.GPU_FEATURES]}
@@ -75,9 +78,6 @@ def _newest_share(ids: np.ndarray, share: float) -> np.ndarray:
 def _judge_active_cohort(X: np.ndarray, cohorts: np.ndarray, metrics: dict) -> None:
     """Measure the active cohort model on the candidate's holdout and record it on both, so
     promotion compares the two on the same rows."""
-    from sklearn.exceptions import NotFittedError
-
-    from anomaly.registry import do_record_holdout, load_active
 
     active = load_active("cohort")
     if active is None or not len(X):
@@ -101,8 +101,6 @@ def train_all(now: datetime, *, progress: Callable[[str], None] = logger.info, f
     site gets models as soon as it has history). With `bootstrap`, a site with too few failures
     to learn from gets a failure model trained on the simulator instead, when it has none at all.
     """
-    from anomaly import failure_pipeline
-    from anomaly.models import ModelStatus, ModelVersion
 
     active = set(ModelVersion.objects.filter(status=ModelStatus.ACTIVE).values_list("kind", flat=True))
     out = {}
@@ -177,8 +175,6 @@ def score_all(now: datetime) -> dict:
             out["skipped"] = done.pop("skipped")
             break
     if any(k.get("passes") for k in out.values() if isinstance(k, dict)):
-        from telemetry.live import schedule_fleet_publish
-
         schedule_fleet_publish()  # after commit when a caller's transaction wraps this; at once otherwise
     return out
 
@@ -253,8 +249,6 @@ def _log_jump(kind: ScoringKind, at: datetime, jumped: int, cap: int, done: dict
 
 def _score_minute(kind: ScoringKind, at: datetime, mark: ScoringWatermark | None, jumped: int) -> dict:
     """Score one minute and move the watermark to it (the caller's transaction holds both)."""
-    from anomaly import failure_pipeline
-    from anomaly.scoring import score_fleet
 
     scorer = score_fleet if kind == ScoringKind.DETECTORS else failure_pipeline.score_failure_risk
     t0 = perf_counter()

@@ -29,12 +29,15 @@ import numpy as np
 from sklearn.exceptions import NotFittedError
 
 from anomaly import features as F
+from anomaly import jobs as job_detectors
 from anomaly.actions import do_record_findings
 from anomaly.detectors._robust import grouped_median_mad
 from anomaly.detectors.own_history import OwnHistory
 from anomaly.detectors.peer import PeerDeviation
 from anomaly.findings import Contribution, Finding
 from anomaly.models import AnomalyKind
+from anomaly.registry import load_active
+from telemetry.selectors.power import power_overview
 
 logger = logging.getLogger(__name__)
 INF = float("inf")
@@ -93,8 +96,6 @@ def score_fleet(at: datetime) -> dict:
 # --- GPUs ---------------------------------------------------------------------------------------
 
 def _gpu_findings(at: datetime) -> tuple[list[Finding], set[str]]:
-    from anomaly.registry import load_active
-
     m = F.gpu_matrix(at)
     kinds = {AnomalyKind.PEER_NODE, AnomalyKind.PEER_JOB, AnomalyKind.BASELINE}
     active = load_active("cohort")
@@ -374,8 +375,6 @@ def port_peer_findings(m: F.Matrix) -> list[Finding]:
 
 
 def _rack_findings(at: datetime) -> tuple[list[Finding], set[str]]:
-    from telemetry.selectors.power import power_overview
-
     out = []
     for r in power_overview(now=at)["racks"]:
         pct = r.get("pct_of_cap")
@@ -392,8 +391,4 @@ def _rack_findings(at: datetime) -> tuple[list[Finding], set[str]]:
 
 
 def _job_findings(at: datetime) -> tuple[list[Finding], set[str]]:
-    try:
-        from anomaly import jobs
-    except ImportError:  # the job detectors are optional until their module lands
-        return [], set()
-    return jobs.job_findings(at), set(jobs.KINDS)
+    return job_detectors.job_findings(at), set(job_detectors.KINDS)

@@ -7,6 +7,7 @@ drill-down pages, and the alert rules of the alerts app). Every list of events c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from django.db import connection
@@ -14,9 +15,11 @@ from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Q, Que
 from django.db.models.expressions import RawSQL
 
 from anomaly.display import rows
-from anomaly.models import Anomaly, AnomalyKind, EntityScore
+from anomaly.models import Anomaly, AnomalyKind, EntityScore, ModelKind
+from anomaly.registry import load_active
+from core.time import iso_utc
+from telemetry import health
 from telemetry.models import Gpu, Link
-from telemetry.selectors.fleet import iso_utc
 from telemetry.selectors.names import gpu_names
 
 RISK_LIST_MIN = 0.05  # GPUs below this failure risk are not listed as "at risk"
@@ -63,11 +66,6 @@ def anomaly_list(*, kind: str | None = None, q: str = "", state: str = "open", s
     return rows(qs.order_by("-started_at")[:limit])
 
 
-def entity_anomalies(entity_kind: str, entity_id: str, limit: int = 20) -> list[dict]:
-    """One entity's anomaly events, open and closed, newest first (a drill-down page's list)."""
-    return rows(Anomaly.objects.filter(entity_kind=entity_kind, entity_id=entity_id).order_by("-started_at")[:limit])
-
-
 def gpu_scores(column: str) -> dict[int, float]:
     """{gpu id: current value} of `anomaly_score` or `failure_risk` (NULLs left out), for heatmaps."""
     if column not in ("anomaly_score", "failure_risk"):
@@ -77,6 +75,26 @@ def gpu_scores(column: str) -> dict[int, float]:
                         JOIN {Gpu._meta.db_table} g ON g.uuid = s.entity_id
                         WHERE s.entity_kind = 'gpu' AND s.{column} IS NOT NULL""")
         return {gid: float(v) for gid, v in cur.fetchall()}
+
+
+_NOT_YET = {"anomaly_score": "No scores yet: anomaly scoring has not run on this cluster.",
+            "failure_risk": "No risk scores yet: no failure model is active (manage.py train_models)."}
+_SCALE = {"anomaly_score": 1.0, "failure_risk": 100.0}  # risk is shown in percent
+
+
+def score_reader(column: str) -> Callable[[datetime], tuple[dict, str | None]]:
+    """The rack heatmap's reader of a score (telemetry.selectors.racks.register_gpu_metric)."""
+
+    def read(now: datetime) -> tuple[dict, str | None]:
+        if not has_scores(column):
+            return {}, _NOT_YET[column]
+        out = {g: round(v * _SCALE[column], 3) for g, v in gpu_scores(column).items()}
+        if column == "failure_risk":
+            # A failed GPU's risk is not a forecast: it has failed.
+            out.update({g: 100.0 for g, _, _, state, _ in health.gpu_states(now=now) if state == "failed"})
+        return out, None
+
+    return read
 
 
 def has_scores(column: str = "anomaly_score") -> bool:
@@ -211,7 +229,5 @@ def host_gpu_risks(host: str) -> list[dict]:
 
 def fleet_survival():
     """(version, report) of the active survival model (`manage.py fit_survival`), or None."""
-    from anomaly.models import ModelKind
-    from anomaly.registry import load_active
 
     return load_active(ModelKind.SURVIVAL)

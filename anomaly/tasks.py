@@ -9,6 +9,8 @@ from celery import shared_task
 from django.db import OperationalError
 from django.utils import timezone
 
+from anomaly.lifecycle import score_all, train_all
+
 
 def _parse_now(now: str | None) -> datetime:
     if not now:
@@ -26,8 +28,6 @@ def _parse_now(now: str | None) -> datetime:
 def score(now: str | None = None) -> dict:
     """Score every minute up to `now` that the detectors and the failure model have not scored; returns what
     each recorded, or "skipped" when another worker holds the scoring lock."""
-    from anomaly.lifecycle import score_all
-
     return score_all(_parse_now(now))
 
 
@@ -36,6 +36,4 @@ def score(now: str | None = None) -> dict:
 def train_models(now: str | None = None, missing_only: bool = False) -> dict:
     """Retrain every model kind that has enough data (or only kinds with no active version);
     promote each only if no worse on its holdout."""
-    from anomaly.lifecycle import train_all
-
     return train_all(_parse_now(now), missing_only=missing_only)

@@ -1,9 +1,10 @@
-"""Shared plumbing for bench/ scripts: a scratch database, a real daphne server, timing."""
+"""Shared plumbing for bench/ scripts: a scratch database, a real daphne server, timing.
+
+Child processes are started, awaited and stopped by tests/procs.py (imported here as `procs`)."""
 
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -14,6 +15,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+# The process harness the tests use too (ports, command lines, logs, readiness, process-group stop): one copy.
+from tests import procs  # noqa: E402
 
 
 def say(msg: str) -> None:
@@ -68,63 +72,21 @@ def drop_database(database_url: str) -> None:
                 time.sleep(1)
 
 
-LOG_DIR = REPO / "var" / "log"
-
-
-def spawn(cmd: list[str], log_name: str, env: dict | None = None) -> subprocess.Popen:
-    """A process of the stack under test, its output in var/log/`log_name`."""
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    log = (LOG_DIR / log_name).open("w")
-    # Own session: a Ctrl-C reaches the bench, which then stops these in order.
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Terminate, then kill what does not stop within 20 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+LOG_DIR = REPO / "var" / "log"  # the logs of the stack under test, overwritten by the next run
 
 
 @contextmanager
 def daphne_server(database_url: str, extra_env: dict | None = None):
-    """Run the real ASGI server on a free loopback port; yields its base URL."""
-    port = free_port()
+    """Run the real ASGI server on a free loopback port (tests/procs.py's daphne); yields its base URL."""
     # DEBUG off: production mode (no per-query logging in the server under test).
     env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "WARNING", "DEBUG": "false", **(extra_env or {})}
     # The server's log goes to a file: an unread pipe would fill up and stall the server under test.
-    log_path = REPO / "var" / "log" / "bench-daphne.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_file = log_path.open("w")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "dashboard.asgi:application"],
-        cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-    )
+    server = procs.daphne(env, log=LOG_DIR / "bench-daphne.log").start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise RuntimeError(log_path.read_text()[-2000:]) from None
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
+        server.wait_port(timeout=30)
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log_file.close()
+        server.stop()
 
 
 def median(xs: list[float]) -> float:

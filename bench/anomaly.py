@@ -111,7 +111,7 @@ def db_pass(gpus: int, keep: bool = False) -> None:
     import subprocess
     from datetime import timedelta
 
-    from _common import daphne_server, drop_database, recreate_database
+    from _common import daphne_server, drop_database, procs, recreate_database
 
     url = os.environ["DATABASE_URL"]  # main() set Django up on the scratch database
     recreate_database(url)
@@ -125,9 +125,8 @@ def db_pass(gpus: int, keep: bool = False) -> None:
         with daphne_server(url) as server:
             token = do_create_collector_token("bench-anomaly", replace=True)
             say(f"simulating {gpus:,} GPUs (topology import + 2 ticks through ingest)")
-            subprocess.run([sys.executable, "manage.py", "simulate", "--server", server, "--token", token, "--gpus",
-                            str(gpus), "--backfill", "2", "--once", "--interval", "60"], cwd=REPO, env=os.environ,
-                           check=True)
+            subprocess.run(procs.simulator_argv(server, "--token", token, "--gpus", str(gpus), "--backfill", "2",
+                                                "--once", "--interval", "60"), cwd=REPO, env=os.environ, check=True)
         now = timezone.now()
         run_rollups(now + timedelta(minutes=2))
         at = (now + timedelta(minutes=2)).replace(second=0, microsecond=0)

@@ -30,7 +30,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,15 +45,13 @@ from _common import (
     LOG_DIR,
     daphne_server,
     drop_database,
-    free_port,
     median,
     p95,
+    procs,
     recreate_database,
     say,
     scratch_database_url,
     setup_django,
-    spawn,
-    stop,
 )
 
 TARGET_P95_S = 5.0
@@ -167,21 +164,6 @@ class Pager:
             return self.first[gpu]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log_name: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited: {(LOG_DIR / log_name).read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout:.0f} s; see {LOG_DIR / log_name}")
-
-
 # ------------------------------------------------------------------------------------- Prometheus baseline
 # Left out on purpose: scrape_interval, scrape_timeout and evaluation_interval, so Prometheus' documented
 # defaults apply (1m, 10s, 1m). That is what an unconfigured installation does.
@@ -250,23 +232,26 @@ class Exporter:
 @contextmanager
 def prometheus_stack(tmp: Path, exporter_port: int, webhook_url: str):
     """Debian's prometheus and prometheus-alertmanager on free loopback ports; yields Prometheus' base URL."""
-    prom_port, am_port = free_port(), free_port()
+    prom_port, am_port = procs.free_port(), procs.free_port()
     (tmp / "rules.yml").write_text(PROM_RULES)
     (tmp / "prometheus.yml").write_text(PROM_CONFIG.format(rules=tmp / "rules.yml", am_port=am_port,
                                                            exporter_port=exporter_port))
     (tmp / "alertmanager.yml").write_text(AM_CONFIG.format(url=webhook_url))
     with ExitStack() as stack:
         # No cluster listener: a lone Alertmanager sends at once instead of waiting for peers to settle.
-        am = spawn([ALERTMANAGER, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am'}",
-                     f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-                    "bench-alertmanager.log")
-        stack.callback(stop, am)
-        _wait_ready(f"http://127.0.0.1:{am_port}/-/ready", am, "bench-alertmanager.log")
-        prom = spawn([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                       f"--web.listen-address=127.0.0.1:{prom_port}"], "bench-prometheus.log")
-        stack.callback(stop, prom)
-        _wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", prom, "bench-prometheus.log")
-        yield f"http://127.0.0.1:{prom_port}"
+        am = procs.Child("alertmanager", [
+            ALERTMANAGER, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am'}",
+            f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+            port=am_port, log=LOG_DIR / "bench-alertmanager.log").start()
+        stack.callback(am.stop, 20)
+        am.wait_http("/-/ready", timeout=60)
+        prom = procs.Child("prometheus", [
+            PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}"],
+            port=prom_port, log=LOG_DIR / "bench-prometheus.log").start()
+        stack.callback(prom.stop, 20)
+        prom.wait_http("/-/ready", timeout=60)
+        yield prom.url
 
 
 def _rfc3339(text: str) -> float:
@@ -333,16 +318,15 @@ class PrometheusRun(threading.Thread):
 @contextmanager
 def celery_processes(tmp: Path, queue: str):
     """A worker and beat as `./dev up` runs them (prefork, concurrency 2), on the bench's own queue."""
-    celery = str(Path(sys.executable).parent / "celery")
-    worker = spawn([celery, "-A", "dashboard", "worker", "-l", "WARNING", "--concurrency", "2", "-Q", queue,
-                     "-n", f"{queue}@%h", "--without-gossip", "--without-mingle"], "bench-fault_to_page-worker.log")
-    beat = spawn([celery, "-A", "dashboard", "beat", "-l", "WARNING", "-s", str(tmp / "celerybeat-schedule")],
-                  "bench-fault_to_page-beat.log")
+    worker = procs.Child("worker", procs.worker_argv(queue, f"{queue}@%h", concurrency=2),
+                         log=LOG_DIR / "bench-fault_to_page-worker.log").start()
+    beat = procs.Child("beat", procs.beat_argv(tmp / "celerybeat-schedule"),
+                       log=LOG_DIR / "bench-fault_to_page-beat.log").start()
     try:
         yield
     finally:
-        stop(beat)
-        stop(worker)
+        beat.stop(timeout=20)
+        worker.stop(timeout=20)
 
 
 def post_scrape(base: str, token: str, text: str) -> None:

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from _common import (
     daphne_server,
     drop_database,
     median,
+    procs,
     recreate_database,
     say,
     scratch_database_url,
@@ -53,8 +53,8 @@ def fill(server: str, gpus: int) -> None:
 
     token = do_create_collector_token("bench-heatmap", replace=True)
     say(f"simulating {gpus:,} GPUs (topology import + one tick)")
-    subprocess.run([sys.executable, "manage.py", "simulate", "--server", server, "--token", token,
-                    "--gpus", str(gpus), "--once"], cwd=REPO, env=os.environ, check=True)
+    subprocess.run(procs.simulator_argv(server, "--token", token, "--gpus", str(gpus), "--once"),
+                   cwd=REPO, env=os.environ, check=True)
     get_user_model().objects.create_superuser("bench", "bench@example.com", PASSWORD)
 
 
@@ -115,14 +115,16 @@ def main() -> None:
                 for i in range(args.loads):
                     loads.append(open_page(page, server))
                     say(f"warm load {i + 1}/{args.loads}: {loads[-1]:.2f} s")
-                cells = page.evaluate("BW.heatmapState().pos.size")
+                # GPU cells drawn: cells whose tooltip names a GPU.
+                cells = page.evaluate("document.querySelector('#heatmap .js-plotly-plot').data[0].text.flat()"
+                                      ".filter(t => t && t.includes(' · GPU ')).length")
                 assert cells == len(uuids), f"page drew {cells} GPU cells for {len(uuids)} GPUs"
 
                 page.wait_for_selector("#bw-conn[data-state=live]", timeout=30_000)
                 # Colour by temperature, then time whole-fleet pushes.
                 page.click("#metric")
                 page.click("text=GPU temperature (°C)")
-                page.wait_for_function("BW.heatmapState().metric === 'gpu_temp' && BW.heatmapState().ready",
+                page.wait_for_function("document.getElementById('bw-heatmap-page').dataset.metric === 'gpu_temp'",
                                        timeout=60_000)
                 page.wait_for_function("BW.heatmapStats.applied > 0", timeout=30_000)
                 updates, e2e = [], []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 
@@ -24,6 +23,7 @@ from _common import (
     REPO,
     daphne_server,
     drop_database,
+    procs,
     recreate_database,
     result,
     say,
@@ -87,8 +87,8 @@ def main() -> None:
             t0 = time.perf_counter()
             env = {**os.environ, "DATABASE_URL": url}
             subprocess.run(
-                [sys.executable, "manage.py", "simulate", "--server", base, "--token", token, "--gpus",
-                 str(args.gpus), "--backfill", str(args.minutes), "--once", "--concurrency", "4", "-v", "1"],
+                procs.simulator_argv(base, "--token", token, "--gpus", str(args.gpus), "--backfill",
+                                     str(args.minutes), "--once", "--concurrency", "4", "-v", "1"),
                 cwd=REPO, env=env, check=True,
             )
             ingest_s = time.perf_counter() - t0

@@ -39,13 +39,11 @@ from _common import (
     LOG_DIR,
     REPO,
     drop_database,
-    free_port,
+    procs,
     recreate_database,
     say,
     scratch_database_url,
     setup_django,
-    spawn,
-    stop,
 )
 
 SHOW_WITHIN_S = 30.0
@@ -71,21 +69,6 @@ def _manage(*args: str) -> str:
     return out.stdout
 
 
-def _wait_port(port: int, proc: subprocess.Popen, log_name: str, timeout: float = 60.0) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited: {(LOG_DIR / log_name).read_text()[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"nothing listens on {port} after {timeout:.0f} s; see {LOG_DIR / log_name}")
-
-
 def start_stack(stack: ExitStack, tmp: Path, specs: list[str], gpus: int, interval: int) -> str:
     """Configure the scratch database as `./dev up` does and start every process; returns the base URL."""
     from alerts.receiver import Receiver
@@ -96,23 +79,20 @@ def start_stack(stack: ExitStack, tmp: Path, specs: list[str], gpus: int, interv
     _manage("alerts_defaults", "--receiver-url", receiver.url(), "--secret-file", str(tmp / "secret"))
     _manage("tenancy_demo", "--password-dir", str(tmp))
     (tmp / "token").write_text(_manage("create_collector_token", "tour", "--replace", "--quiet").strip())
-    port = free_port()
-    bin_dir = Path(sys.executable).parent
-    daphne = spawn([str(bin_dir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "dashboard.asgi:application"],
-                    "bench-tour-daphne.log")
-    stack.callback(stop, daphne)
+    daphne = procs.daphne(log=LOG_DIR / "bench-tour-daphne.log").start()
+    stack.callback(daphne.stop, 20)
     queue = os.environ["CELERY_QUEUE"]
-    for name, cmd in (("worker", ["worker", "-l", "WARNING", "--concurrency", "2", "-Q", queue, "-n", f"{queue}@%h",
-                                  "--without-gossip", "--without-mingle"]),
-                      ("beat", ["beat", "-l", "WARNING", "-s", str(tmp / "celerybeat-schedule")])):
-        stack.callback(stop, spawn([str(bin_dir / "celery"), "-A", "dashboard", *cmd], f"bench-tour-{name}.log"))
-    _wait_port(port, daphne, "bench-tour-daphne.log")
-    base = f"http://127.0.0.1:{port}"
+    for name, argv in (("worker", procs.worker_argv(queue, f"{queue}@%h", concurrency=2)),
+                       ("beat", procs.beat_argv(tmp / "celerybeat-schedule"))):
+        stack.callback(procs.Child(name, argv, log=LOG_DIR / f"bench-tour-{name}.log").start().stop, 20)
+    daphne.wait_port(timeout=60)
+    base = daphne.url
     scenario_args = [a for s in specs for a in ("--scenario", s)]
-    sim = spawn([sys.executable, "manage.py", "simulate", "--server", base, "--token-file", str(tmp / "token"),
-                  "--gpus", str(gpus), "--interval", str(interval), "--scenario-speed", str(SCENARIO_SPEED),
-                  "--truth", str(tmp / "truth.jsonl"), *scenario_args], "bench-tour-simulate.log")
-    stack.callback(stop, sim)
+    sim = procs.Child("simulator", procs.simulator_argv(
+        base, "--token-file", str(tmp / "token"), "--gpus", str(gpus), "--interval", str(interval),
+        "--scenario-speed", str(SCENARIO_SPEED), "--truth", str(tmp / "truth.jsonl"), *scenario_args),
+        log=LOG_DIR / "bench-tour-simulate.log").start()
+    stack.callback(sim.stop, 20)
     say(f"daphne on {base}, Celery worker and beat, simulator ({gpus} GPUs every {interval} s); "
         "logs in var/log/bench-tour-*")
     return base

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 from functools import wraps
 
 from django.contrib.auth.views import redirect_to_login
-from django.http import JsonResponse
+from django_plotly_dash.dash_wrapper import all_apps
+from django_plotly_dash.models import DashApp
 
+from core.api import ErrorCode, error_response, mark
 from dashboard.staticfiles import DASH_ASSET_VERSION
-from tenancy.access import forbidden_page, has_any_role, mark
+from tenancy.access import forbidden_page, has_any_role
 from tenancy.scoping import is_operator
 
 # Stateless Dash apps whose name starts with this serve tenant pages (the portal): any signed-in user with
@@ -18,6 +21,8 @@ from tenancy.scoping import is_operator
 TENANT_APP_PREFIX = "portal"
 # The renderer's JavaScript and CSS: the same files for everyone, no cluster data in them.
 ASSET_PARTS = ("_dash-component-suites", "assets")
+# dcc.Location's properties: strings from the browser's address bar, which the callbacks parse as such.
+LOCATION_PROPS = frozenset({"pathname", "search", "hash", "href"})
 
 
 def tenant_app(route_name: str, ident: str | None) -> bool:
@@ -40,14 +45,54 @@ def dash_login_required(view_function, **kwargs):
         if not request.user.is_authenticated:
             if browser:
                 return redirect_to_login(request.get_full_path())
-            return JsonResponse({"error": {"code": "not_authenticated", "message": "Sign in first."}}, status=401)
+            return error_response(401, ErrorCode.NOT_AUTHENTICATED, "Sign in first.")
         if not _allowed(request.user, url_part, route_name, kw.get("ident")):
             if browser:
                 return forbidden_page(request)
-            return JsonResponse({"error": {"code": "forbidden", "message": "Operators only."}}, status=403)
+            return error_response(403, ErrorCode.FORBIDDEN, "Operators only.")
+        ident = kw.get("ident")
+        if route_name.startswith("app-") and ident not in all_apps():
+            # Unknown names must stop here: django-plotly-dash would otherwise fail looking them up (a 500).
+            return error_response(404, ErrorCode.NOT_FOUND, "No such Dash app.")
+        if url_part == "_dash-update-component" and route_name.startswith("app-"):
+            why = malformed_update(ident, request.body)
+            if why:
+                return error_response(400, ErrorCode.INVALID, why)
         return _versioned(request, view_function(request, *args, **kw))
 
     return mark(wrapper, "dash")
+
+
+def malformed_update(ident: str, raw: bytes) -> str | None:
+    """Why a callback request is not one this app's renderer could have sent, or None.
+
+    django-plotly-dash hands the body to Dash unchecked, and Dash indexes into it: a body of the wrong shape,
+    a callback the app does not have, or inputs other than the callback's would raise inside the library.
+    """
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return "the body is not JSON"
+    if not isinstance(body, dict) or not isinstance(body.get("output"), str):
+        return "the body is not a Dash callback request (an object with an output)"
+    spec = DashApp.locate_item(ident, stateless=True)[1].callback_map.get(body["output"])
+    if spec is None:
+        return f"this app has no callback for {body['output'][:100]!r}"
+    for part in ("inputs", "state"):
+        sent, declared = body.get(part, []), spec.get(part, [])
+        if not isinstance(sent, list) or len(sent) != len(declared) or any(
+                not isinstance(s, dict) or s.get("id") != d["id"] or s.get("property") != d["property"]
+                for s, d in zip(sent, declared, strict=False)):
+            return f"its {part} are not those of the callback for {body['output'][:100]!r}"
+        for s in sent:
+            if s["property"] in LOCATION_PROPS and not isinstance(s.get("value"), str | None):
+                return f"{s['id']}.{s['property']} must be a string"
+    changed = body.get("changedPropIds", [])
+    if not isinstance(changed, list) or not all(isinstance(c, str) for c in changed):
+        return "changedPropIds must be a list of strings"
+    if not isinstance(body.get("outputs", {}), dict | list):
+        return "outputs must be an object or a list"
+    return None
 
 
 def _allowed(user, url_part: str, route_name: str, ident: str | None) -> bool:

@@ -2,11 +2,14 @@
 
 import ctypes
 import ctypes.util
+import importlib
 import os
 import time
 
+import django
 from celery import Celery
 from celery.signals import task_postrun, worker_init
+from django.db import reset_queries
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 
@@ -25,10 +28,6 @@ PRELOAD = ("anomaly.lifecycle", "anomaly.scoring", "anomaly.failure_pipeline", "
 
 @worker_init.connect
 def _preload_for_children(**kwargs) -> None:
-    import importlib
-
-    import django
-
     django.setup()  # idempotent; the Django fixup may not have run yet when this signal fires
     for name in PRELOAD:
         importlib.import_module(name)
@@ -68,8 +67,6 @@ def _forget_logged_queries(**kwargs) -> None:
     """With DEBUG on (`./dev up --debug`), Django keeps every query's SQL on each connection, up to 9,000, and only a
     request's start clears them; a worker has no requests. At 16k GPUs a scoring pass logs SQL with id lists
     inlined, and a child grew ~1 MB a pass (measured, bench DB of the 16k soak: flat with DEBUG off)."""
-    from django.db import reset_queries
-
     reset_queries()
 
 

@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.middleware.security import SecurityMiddleware
 from django_plotly_dash.middleware import ContentCollector
 
-
-class HybridMiddleware:
-    """Base of our middleware: sync and async capable, so ingest keeps an all-async chain under daphne
-    while the test client and management code call it synchronously. Subclasses define __call__ (and
-    __acall__ for the async mode, which __call__ hands over to)."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.async_mode = iscoroutinefunction(get_response)
-        if self.async_mode:
-            markcoroutinefunction(self)
+from core.middleware import HybridMiddleware
 
 
 class DashContentMiddleware(HybridMiddleware):

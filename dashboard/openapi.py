@@ -15,7 +15,7 @@ import yaml
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from tenancy.access import public
+from core.api import method_not_allowed, public
 
 DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml"
 
@@ -37,10 +37,7 @@ def _json() -> bytes:
 
 
 def _method_not_allowed(request: HttpRequest) -> JsonResponse:
-    resp = JsonResponse({"error": {"code": "method_not_allowed",
-                                   "message": f"{request.method} is not allowed here; use GET"}}, status=405)
-    resp["Allow"] = "GET, HEAD"
-    return resp
+    return method_not_allowed(request, ("GET", "HEAD")).response()
 
 
 @public

@@ -29,8 +29,9 @@ from django.http.request import split_domain_port, validate_host
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard.middleware import HybridMiddleware
-from telemetry.live import fast_client
+from core.audit import do_audit
+from core.middleware import HybridMiddleware
+from core.redis_client import shared_client
 
 logger = logging.getLogger(__name__)
 
@@ -173,15 +174,6 @@ local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return {n, redis.call('PTTL', KEYS[1])}
 """
-_client: redis.Redis | None = None
-
-
-def _redis() -> redis.Redis:
-    """One client per process that fails within about a second rather than hang the sign-in page."""
-    global _client
-    if _client is None:
-        _client = fast_client(settings.REDIS_URL)
-    return _client
 
 
 def _key(kind: str, value: str) -> str:
@@ -193,7 +185,7 @@ def _key(kind: str, value: str) -> str:
 
 def _count(key: str, window: timedelta) -> tuple[int, float]:
     """(hits in the current window including this one, seconds until the window ends)."""
-    n, pttl = _redis().eval(_COUNT_SCRIPT, 1, key, int(window.total_seconds() * 1000))
+    n, pttl = shared_client().eval(_COUNT_SCRIPT, 1, key, int(window.total_seconds() * 1000))
     return int(n), max(int(pttl), 0) / 1000
 
 
@@ -230,7 +222,7 @@ def locked_until(username: str) -> Lock | None:
     """The lock on this username, if any. Fails open when Redis is down (logged): an outage of Redis must
     not lock every operator out of the console in the middle of an incident."""
     try:
-        pttl = _redis().pttl(_key("lock", _normal_username(username)))
+        pttl = shared_client().pttl(_key("lock", _normal_username(username)))
     except redis.RedisError:
         logger.exception("login lockout: Redis unavailable, lock not checked")
         return None
@@ -252,7 +244,8 @@ def record_failure(username: str, ip: str) -> Lock | None:
         if failures < settings.LOGIN_FAILURE_LIMIT:
             return None
         lockout_ms = int(settings.LOGIN_LOCKOUT.total_seconds() * 1000)
-        _redis().pipeline().set(_key("lock", name), ip or "-", px=lockout_ms).delete(_key("fail", name)).execute()
+        pipe = shared_client().pipeline()
+        pipe.set(_key("lock", name), ip or "-", px=lockout_ms).delete(_key("fail", name)).execute()
     except redis.RedisError:
         logger.exception("login lockout: Redis unavailable, failure not counted")
         return None
@@ -264,8 +257,6 @@ def record_failure(username: str, ip: str) -> Lock | None:
 
 
 def _audit_lock(username: str, ip: str, failures: int, lock: Lock) -> None:
-    from alerts.audit import do_audit
-
     do_audit("system:login-lockout", "login.lock", "user", username[:150], outcome="locked",
              reason=f"{failures} failed sign-ins within {settings.LOGIN_FAILURE_WINDOW}",
              detail={"ip": ip, "until": lock.until.isoformat()})
@@ -274,7 +265,7 @@ def _audit_lock(username: str, ip: str, failures: int, lock: Lock) -> None:
 def reset_failures(username: str) -> None:
     """A successful sign-in starts the count again."""
     try:
-        _redis().delete(_key("fail", _normal_username(username)))
+        shared_client().delete(_key("fail", _normal_username(username)))
     except redis.RedisError:
         logger.exception("login lockout: Redis unavailable, failure count not reset")
 
@@ -365,5 +356,5 @@ def clear_login_counters() -> int:
     For an operator lifting locks after a password reset, and for the test suite, whose tests would
     otherwise share counts through Redis."""
     pattern = f"{settings.CELERY_TASK_DEFAULT_QUEUE}:login:*"
-    keys = list(_redis().scan_iter(match=pattern, count=1000))
-    return _redis().delete(*keys) if keys else 0
+    keys = list(shared_client().scan_iter(match=pattern, count=1000))
+    return shared_client().delete(*keys) if keys else 0

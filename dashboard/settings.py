@@ -6,7 +6,9 @@ started); production sets BREAKWATER_ENV=production, which makes SECRET_KEY mand
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -102,6 +104,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_plotly_dash.apps.DjangoPlotlyDashConfig",
+    "core",
     "telemetry",
     "anomaly",
     "alerts",
@@ -111,6 +114,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Before the session and the views: a NUL byte in a path or query is refused here, once for every route.
+    "core.middleware.RequestHygieneMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -425,7 +430,7 @@ for _name, _least in (("INGEST_MAX_INFLIGHT", 1), ("INGEST_MAX_WAITING", 0), ("I
 # before, 7-8 ms after, with the cheaper token lookup and ingest log). Collectors authenticate by bearer token
 # and use no session, user, CSRF token or messages, so their chain keeps only the security headers and the
 # HTTPS redirect, run inline.
-COLLECTOR_MIDDLEWARE = ["dashboard.middleware.InlineSecurityMiddleware"]
+COLLECTOR_MIDDLEWARE = ["dashboard.middleware.InlineSecurityMiddleware", "core.middleware.RequestHygieneMiddleware"]
 COLLECTOR_PATHS = frozenset({"/api/v1/ingest", "/api/v1/ingest/prometheus", "/api/v1/training", "/api/v1/jobs"})
 # --- end ingest admission ---
 
@@ -465,9 +470,6 @@ MIDDLEWARE[_after_security:_after_security] = [
 
 
 def _outbound_allowlist(raw: str) -> tuple[str, ...]:
-    import ipaddress
-    import re
-
     entries = tuple(e.strip().lower() for e in raw.split(",") if e.strip())
     for entry in entries:
         host, port = entry, ""

@@ -20,6 +20,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+from django.core.exceptions import SuspiciousFileOperation
+from django.http import Http404, HttpResponseNotFound
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 _OWN_STATIC = Path(__file__).resolve().parent / "static" / "breakwater"
@@ -55,7 +57,13 @@ class CachingStaticFilesHandler(ASGIStaticFilesHandler):
     """Django's ASGI static handler, plus long caching for version-stamped requests."""
 
     def serve(self, request):
-        response = super().serve(request)
+        try:
+            response = super().serve(request)
+        except (Http404, SuspiciousFileOperation, ValueError):
+            # A missing file, a path that leaves the static folder (`..%2f`) or holds a NUL byte: a plain 404.
+            # Not the site's 404 page: static requests skip the middleware its template needs (a 500 then), and
+            # Django's handler lets the other two exceptions through unhandled.
+            return HttpResponseNotFound(b"Not found.\n", content_type="text/plain; charset=utf-8")
         if request.GET.get("v") and response.status_code == 200:
             response["Cache-Control"] = IMMUTABLE
         return response

@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from django_plotly_dash.views import add_stateless_apps
 
 import dashboard.dash_apps  # noqa: F401  (registers the Dash apps before the first request)
 from dashboard import openapi, views
@@ -18,6 +19,7 @@ from dashboard.pages import (
     portal,
     reliability,
 )
+from tenancy.access import operator_required
 
 urlpatterns = [
     path("", views.fleet, name="fleet"),
@@ -89,5 +91,7 @@ urlpatterns = [
     path("api/v1/openapi.yaml", openapi.openapi_yaml, name="api-openapi-yaml"),
     path("api/v1/openapi.json", openapi.openapi_json, name="api-openapi-json"),
     path("", include("tenancy.urls")),  # single sign-on (/oidc/…) when configured
+    # django-plotly-dash's admin helper writes app rows: operators only (the library leaves it open to anyone).
+    path("django_plotly_dash/add_stateless_apps", operator_required(add_stateless_apps)),
     path("django_plotly_dash/", include("django_plotly_dash.urls")),
 ]

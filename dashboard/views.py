@@ -1,12 +1,15 @@
 """Operator pages: each renders a template; the Dash apps inside load their own data."""
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.views import LoginView
 from django.shortcuts import render
 
+from alerts.selectors import open_alert_counts
 from dashboard.security import LockoutAdminAuthenticationForm, LockoutAuthenticationForm
 from telemetry import selectors
-from tenancy.access import operator_required
+from tenancy.access import PORTAL_URL, operator_required
+from tenancy.scoping import is_operator
 
 # The admin's sign-in gets the console's lockout: it is the other password form on the site. Set here
 # because the URLconf (which mounts admin.site) imports this module before any request is served.
@@ -21,8 +24,6 @@ def fleet(request):
 
 def fleet_page_summary() -> dict:
     """The fleet summary with the open alerts' counts: the same query as the alerts list's header."""
-    from alerts.selectors import open_alert_counts
-
     return {**selectors.fleet_summary(), "alerts": open_alert_counts()}
 
 
@@ -39,12 +40,7 @@ class RoleLoginView(LoginView):
     form_class = LockoutAuthenticationForm
 
     def get_default_redirect_url(self):
-        from tenancy.access import PORTAL_URL
-        from tenancy.scoping import is_operator
-
         return super().get_default_redirect_url() if is_operator(self.request.user) else PORTAL_URL
 
     def get_context_data(self, **kwargs):
-        from django.conf import settings
-
         return {**super().get_context_data(**kwargs), "oidc_enabled": settings.OIDC_ENABLED}

@@ -54,7 +54,9 @@ def main() -> None:
             shoot(page, args, "job", job if job.startswith("/") else f"/jobs/{job}/")
         page.goto(f"{args.server}/racks/")
         page.wait_for_function("window.BW && BW.heatmapStats && BW.heatmapStats.renderedAt !== null", timeout=30_000)
-        uuid = args.gpu or page.evaluate("BW.heatmapState().payload.grid.gpus.uuid[0]")
+        # A GPU's UUID from the first tooltip that names one (its third line).
+        uuid = args.gpu or page.evaluate("document.querySelector('#heatmap .js-plotly-plot').data[0].text.flat()"
+                                         ".find(t => t && t.includes(' · GPU ')).split('<br>')[2]")
         shoot(page, args, "gpu", f"/gpus/{uuid}/")
         browser.close()
 

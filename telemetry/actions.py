@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 
-from telemetry.models import CollectorToken
+from telemetry import live
+from telemetry.fields import KINDS
+from telemetry.models import CollectorToken, GpuEvent, Job, JobState, JobStateChange, Node, NodeState
 
 
 @transaction.atomic
@@ -26,10 +28,6 @@ def do_create_collector_token(name: str, *, replace: bool = False) -> str:
 @transaction.atomic
 def do_rebuild_latest(window) -> dict[str, int]:
     """Refill each last-value table with the newest raw row per entity within `window`."""
-    from django.db import connection
-
-    from telemetry.fields import KINDS
-
     counts = {}
     with connection.cursor() as cur:
         for name, kind in KINDS.items():
@@ -65,8 +63,6 @@ class EventIn:
 
 def _lock_gpus(gpu_ids) -> None:
     """One statement for all GPUs; ordered, so two writers never wait on each other crosswise."""
-    from django.db import connection
-
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(pg_advisory_xact_lock(%s, g)) "
@@ -82,8 +78,6 @@ def do_record_gpu_events(events: list[EventIn]) -> dict[str, int]:
     Bulk statements throughout: a fleet-wide burst (a bad driver push, a power event) can bring
     thousands of sightings in one batch, and ingest must not slow down when it matters most.
     """
-    from telemetry.models import GpuEvent
-
     if not events:
         return {"created": 0, "updated": 0}
     merged: dict[tuple, list[EventIn]] = {}
@@ -111,7 +105,6 @@ def do_record_gpu_events(events: list[EventIn]) -> dict[str, int]:
 def _bulk_update_events(updates: list[tuple]) -> None:
     if not updates:
         return
-    from django.db import connection
 
     ids, firsts, counts, lasts, messages = (list(c) for c in zip(*updates, strict=True))
     with connection.cursor() as cur:
@@ -126,22 +119,8 @@ def _bulk_update_events(updates: list[tuple]) -> None:
 
 
 @transaction.atomic
-def do_clear_gpu_events(gpu_ids, *, at: datetime, reason: str) -> int:
-    """Close every open event of these GPUs (a GPU reset, or an operator's decision)."""
-    from telemetry.models import GpuEvent
-
-    gpu_ids = list(set(gpu_ids))
-    _lock_gpus(gpu_ids)
-    return GpuEvent.objects.filter(gpu_id__in=gpu_ids, cleared_at__isnull=True, first_seen__lte=at).update(
-        cleared_at=at, cleared_reason=reason[:200]
-    )
-
-
-@transaction.atomic
 def do_clear_gpu_resets(resets: list[tuple[int, datetime]], *, reason: str) -> int:
     """Close the open events of every GPU in `resets` [(gpu_id, reset time)], in one statement."""
-    from django.db import connection
-
     if not resets:
         return 0
     _lock_gpus(g for g, _ in resets)
@@ -164,8 +143,6 @@ def do_set_node_state(hostname: str, state: str) -> bool:
     Remediation calls this after a drain or resume it verified, and the simulator backend uses it as its
     scheduler, so the fleet page and the guard rails see the same state the scheduler has.
     """
-    from telemetry import live
-    from telemetry.models import Node, NodeState
 
     if state not in NodeState.values:
         raise ValueError(f"unknown node state {state!r}; use one of {', '.join(NodeState.values)}")
@@ -181,8 +158,6 @@ def do_mark_job_requeued(source: str, external_id: str, *, at: datetime, reason:
 
     The simulated cluster has no scheduler to ask, so the simulator remediation backend writes this itself.
     """
-    from telemetry.models import Job, JobState, JobStateChange
-
     job = Job.objects.select_for_update().filter(source=source, external_id=external_id).first()
     if job is None:
         return False

@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from telemetry.fields import KINDS
 from telemetry.models import Allocation, Gpu, GpuEvent, HealthState, Node, NodeState, Port
+from telemetry.xid import describe
 
 # XIDs whose documented recovery is a GPU reset, a node reboot or an RMA (NVIDIA "XID Errors"
 # catalogue): 48 DBE, 63/64 row-remap (page retirement) event/failure, 74 NVLink error,
@@ -71,14 +72,6 @@ RANK = {state: i for i, state in enumerate(ORDER)}
 
 def stale_grace() -> timedelta:
     return settings.STALE_GRACE
-
-
-def stale_limit_s(interval_s: float | None) -> float:
-    """Seconds without a sample after which a source with this collection interval is stale."""
-    cap = settings.STALE_AFTER.total_seconds()
-    if not interval_s or interval_s <= 0:
-        return cap
-    return min(2 * interval_s + stale_grace().total_seconds(), cap)
 
 
 # The same limit in SQL, for a last-value row aliased `l`.
@@ -246,8 +239,6 @@ def age_text(age_s: float | None) -> str:
 
 
 def _gpu_detail(reason: str, row: dict) -> str:
-    from telemetry.xid import describe
-
     if reason == "fault_event":
         kind, code = row["kind"], row["code"]
         if kind == "xid":

@@ -23,20 +23,20 @@ Publishing is best effort: any failure is logged and never raised into ingest.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
 import time
 from uuid import uuid4
 
-import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connections, transaction
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from core.redis_client import shared_client
+from telemetry import health, signals
 from telemetry.selectors import fleet_summary
 
 logger = logging.getLogger(__name__)
@@ -62,19 +62,8 @@ _last_cost_s = [0.0]  # this process's last summary: seconds to compute
 _TRAILING_MARGIN_S = 0.02
 
 
-def fast_client(url: str) -> redis.Redis:
-    """A Redis client that fails within about a second instead of stalling ingest (or a sign-in page).
-
-    redis-py's default retries ten times with backoff (several seconds when Redis is down); one
-    immediate retry is enough to replace a pooled connection that Redis closed.
-    """
-    return redis.Redis.from_url(
-        url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 1)
-    )
-
-
-# One client per process; redis-py pools connections and is thread-safe.
-_redis = fast_client(settings.REDIS_URL)
+# One client per process (core.redis_client).
+_redis = shared_client()
 
 _trailing_guard = threading.Lock()
 _trailing: threading.Timer | None = None  # armed and not yet fired
@@ -118,10 +107,6 @@ def publish_on_health_change(now=None) -> bool:
     this every couple of seconds; the digest of every non-OK state (in Redis, shared by every worker)
     decides whether the pages need a push. Never raises; True when a summary was sent.
     """
-    import hashlib
-
-    from telemetry import health
-
     try:
         gpus = sorted((r[0], r[3]) for r in health.gpu_states(now=now) if r[3] != "ok")
         ports = sorted((i, h.state) for i, h in health.port_health(now=now).items() if h.state != "ok")
@@ -129,11 +114,8 @@ def publish_on_health_change(now=None) -> bool:
         key = f"{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}:{HEALTH_DIGEST_SUFFIX}"
         if _redis.getset(key, digest) == digest:
             return False
-        # A state that changed with time is news for the alert rules too (a GPU gone silent): evaluate now,
-        # as ingest does after a commit (late import: telemetry must not need alerts to load).
-        from alerts.actions import schedule_evaluation
-
-        schedule_evaluation()
+        # A state that changed with time is news for the alert rules too (a GPU gone silent), as ingest is.
+        signals.fleet_changed.send(sender=__name__)
         return publish_fleet_summary()
     except Exception:
         logger.exception("health change publish failed")

@@ -12,9 +12,15 @@ from dataclasses import asdict
 from datetime import datetime
 
 from celery import shared_task
+from django.conf import settings
 from django.db import OperationalError
+from django.utils import timezone
 
 from telemetry import rollups
+from telemetry.ingest.scrape import scrape_target
+from telemetry.live import publish_on_health_change
+from telemetry.models import ScrapeTarget
+from telemetry.slurm.poll import cli_runner, poll_slurm
 
 
 def _parse_now(now: str | None) -> datetime | None:
@@ -49,8 +55,6 @@ def apply_retention(now: str | None = None) -> dict[str, int]:
 @shared_task(name="telemetry.tasks.scrape_targets", acks_late=True)
 def scrape_targets() -> int:
     """Fan out one scrape task per enabled dcgm-exporter target; returns how many were queued."""
-    from telemetry.models import ScrapeTarget
-
     ids = list(ScrapeTarget.objects.filter(enabled=True).values_list("id", flat=True))
     for target_id in ids:
         scrape_one.delay(target_id)
@@ -61,8 +65,6 @@ def scrape_targets() -> int:
 @shared_task(name="telemetry.tasks.scrape_one", acks_late=True, expires=15)
 def scrape_one(target_id: int) -> int:
     """Scrape one target through the ingest path; returns the samples stored (0 on error)."""
-    from telemetry.ingest.scrape import scrape_target
-    from telemetry.models import ScrapeTarget
 
     target = ScrapeTarget.objects.filter(pk=target_id, enabled=True).first()
     if target is None:
@@ -75,17 +77,10 @@ def scrape_one(target_id: int) -> int:
 @shared_task(name="telemetry.tasks.sync_slurm", acks_late=True)
 def sync_slurm() -> dict[str, int]:
     """Poll Slurm (squeue, scontrol -d, sacct) into jobs and the allocation ledger."""
-    from django.conf import settings
-    from django.utils import timezone
-
-    from telemetry.slurm.poll import cli_runner, poll_slurm
-
     return poll_slurm(cli_runner(settings.SLURM_COMMAND_PREFIX), now=timezone.now())
 
 
 @shared_task(name="telemetry.tasks.publish_health_changes", expires=2)
 def publish_health_changes() -> bool:
     """Push live pages when a state changed with time alone (a GPU gone silent): `telemetry.live`."""
-    from telemetry.live import publish_on_health_change
-
     return publish_on_health_change()

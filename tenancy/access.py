@@ -6,10 +6,9 @@ whether the caller may be here at all:
 - `operator_required(view)`: operator pages. Anonymous -> the login page; anyone else -> 403 (a page that
   points a tenant's user at their portal).
 - `tenant_member_required(view)`: tenant pages (the portal). Any role in any tenant, or an operator.
-- `api_view(operator=False)`: JSON endpoints. A session or an `Authorization: Bearer bwt_…` API token
-  (tenancy.auth); `request.who` is the caller (user or token) for `visible_to`. Errors are JSON 401/403.
-- `collector_endpoint(view)`: marks an ingest endpoint, which authenticates collector tokens itself.
-- `public(view)`: marks a view that anybody may open (the login page).
+- `api_check`: the access check behind core.api's JSON edge (`api_view`): a session or an
+  `Authorization: Bearer bwt_…` API token (tenancy.auth); `request.who` is the caller (user or token) for
+  `visible_to`. Errors are JSON 401/403. core.api also marks ingest (`collector_endpoint`) and public views.
 
 Each decorator leaves `bw_access` on the view ("operator", "tenant", "collector", "public", "dash"): the
 isolation test (tests/tenancy/test_isolation.py) reads it to know what to expect of every URL, and fails
@@ -21,23 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import wraps
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.shortcuts import render
-from django.views.decorators.csrf import csrf_exempt
 
-from tenancy.auth import SAFE_METHODS, AccessDenied, check_api_access, is_token_request
+from core.api import SAFE_METHODS, ErrorCode, mark
+from tenancy.auth import AccessDenied, check_api_access, is_token_request
 from tenancy.scoping import is_operator, scope_for
 
 PORTAL_URL = "/portal/"
-
-
-def mark(view: Callable, access: str) -> Callable:
-    """Record what kind of access `view` enforces (read by the isolation test)."""
-    view.bw_access = access
-    return view
 
 
 def forbidden_page(request: HttpRequest, message: str = "") -> HttpResponse:
@@ -94,50 +86,14 @@ def csrf_failure_reason(request: HttpRequest) -> str | None:
     return check.process_view(request, None, (), {})
 
 
-def _api_check(request: HttpRequest, operator: bool) -> None:
+def api_check(request: HttpRequest, operator: bool) -> None:
+    """The access check of core.api's JSON edge (installed by tenancy.apps): credentials, role, CSRF."""
     check_api_access(request, operator=operator)
     # A token comes without cookies, so only session writes can be forged across sites.
     if request.method not in SAFE_METHODS and not is_token_request(request):
         reason = csrf_failure_reason(request)
         if reason:
-            raise AccessDenied(403, "csrf_failed", f"CSRF check failed: {reason}; send the csrftoken cookie's "
+            raise AccessDenied(403, ErrorCode.CSRF_FAILED, f"CSRF check failed: {reason}; send the csrftoken cookie's "
                                                    "value as X-CSRFToken")
 
 
-def api_view(operator: bool = False) -> Callable[[Callable], Callable]:
-    """A JSON endpoint for sessions and API tokens; `request.who` is the caller. Sync or async views."""
-
-    def decorate(view: Callable) -> Callable:
-        if iscoroutinefunction(view):
-            @wraps(view)
-            async def async_wrapper(request: HttpRequest, *args, **kwargs):
-                try:
-                    await sync_to_async(_api_check)(request, operator)
-                except AccessDenied as exc:
-                    return exc.response()
-                return await view(request, *args, **kwargs)
-
-            wrapper = async_wrapper
-        else:
-            @wraps(view)
-            def sync_wrapper(request: HttpRequest, *args, **kwargs):
-                try:
-                    _api_check(request, operator)
-                except AccessDenied as exc:
-                    return exc.response()
-                return view(request, *args, **kwargs)
-
-            wrapper = sync_wrapper
-        return mark(csrf_exempt(wrapper), "operator" if operator else "tenant")
-
-    return decorate
-
-
-def collector_endpoint(view: Callable) -> Callable:
-    """Marks an ingest endpoint: it accepts collector tokens only (telemetry.api.auth checks them)."""
-    return mark(view, "collector")
-
-
-def public(view: Callable) -> Callable:
-    """Marks a view anyone may open (it shows no cluster or tenant data)."""
-    return mark(view, "public")

@@ -14,8 +14,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from alerts.audit import actor_name, do_audit
-from tenancy.models import AccountKind, ApiToken, Membership, Role, Tenant, TenantAccount, TenantKind
+from core.audit import actor_name, do_audit
+from tenancy.models import AccountKind, ApiToken, BillingMode, Membership, Role, Tenant, TenantAccount, TenantKind
 from tenancy.scoping import ROLE_ORDER, scope_for
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,19 @@ def _check_role(role: str, tenant: Tenant | None) -> None:
         raise ValidationError({"tenant": "operators hold the whole cluster: give no tenant"})
     if role != Role.OPERATOR and tenant is None:
         raise ValidationError({"tenant": f"a {role} belongs to a tenant: name one"})
+
+
+@transaction.atomic
+def do_set_billing_mode(tenant: Tenant, mode: str, *, actor=None) -> Tenant:
+    """Bill the tenant (invoice) or only show its cost (showback); drafts follow at their next generation."""
+    if mode not in BillingMode.values:
+        raise ValidationError({"billing_mode": f"{mode!r} is not one of {', '.join(BillingMode.values)}"})
+    previous = Tenant.objects.select_for_update().get(pk=tenant.pk).billing_mode
+    Tenant.objects.filter(pk=tenant.pk).update(billing_mode=mode)
+    do_audit(_actor(actor), "tenant.billing_mode", "tenant", tenant.slug,
+             detail={"billing_mode": mode, "previous": previous})
+    tenant.billing_mode = mode
+    return tenant
 
 
 @transaction.atomic

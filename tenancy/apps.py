@@ -6,3 +6,12 @@ class TenancyConfig(AppConfig):
 
     default_auto_field = "django.db.models.BigAutoField"
     name = "tenancy"
+
+    def ready(self):
+        # Django's hook for wiring once every app's models are loaded (these modules import models).
+        from core import api, scoping  # in ready(): models are loaded only now
+        from tenancy.access import api_check  # in ready(): models are loaded only now
+        from tenancy.scoping import visible  # in ready(): models are loaded only now
+
+        scoping.install(visible)  # the rules behind every model's `objects.visible_to(who)`
+        api.install_api_check(api_check)  # who may call core.api's JSON endpoints

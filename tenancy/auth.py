@@ -12,28 +12,23 @@ import logging
 from datetime import timedelta
 
 from django.contrib.auth.models import AnonymousUser
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest
 from django.utils import timezone
 
+from core.api import COLLECTOR_TOKEN_PREFIX, SAFE_METHODS, ApiError, ErrorCode
 from tenancy.models import ApiToken
 from tenancy.scoping import scope_for
 
 logger = logging.getLogger(__name__)
 
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-COLLECTOR_PREFIX = "bwc_"  # telemetry.models.CollectorToken.TOKEN_PREFIX
 TOUCH_EVERY = timedelta(minutes=1)  # last_used is written at most this often, not once per request
 
 
-class AccessDenied(Exception):
-    """A refusal answered as {"error": {"code", "message"}} with its HTTP status (401 or 403)."""
+class AccessDenied(ApiError):
+    """A refusal (401 or 403), answered by the API's one edge (core.api)."""
 
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-    def response(self) -> JsonResponse:
-        return JsonResponse({"error": {"code": self.code, "message": self.message}}, status=self.status)
+    def __init__(self, status: int, code: ErrorCode | str, message: str):
+        super().__init__(status, code, message)
 
 
 def _bearer(header: str) -> str:
@@ -46,7 +41,7 @@ def _bearer(header: str) -> str:
 def token_from_header(header: str, *, now=None) -> ApiToken:
     """The live ApiToken an `Authorization: Bearer …` header names, or AccessDenied saying why not."""
     raw = _bearer(header)
-    if raw.startswith(COLLECTOR_PREFIX):
+    if raw.startswith(COLLECTOR_TOKEN_PREFIX):
         raise AccessDenied(403, "collector_token", "collector tokens can only ingest")
     if not raw.startswith(ApiToken.PREFIX):
         raise AccessDenied(401, "bad_token", f"not an API token (they start with {ApiToken.PREFIX})")

@@ -32,6 +32,7 @@ from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
+from telemetry.models import Job
 from tenancy.models import (
     BillingMode,
     Invoice,
@@ -266,8 +267,6 @@ def price_usage(tenant: Tenant, period_start: datetime, period_end: datetime, *,
 
 def _attach_job_keys(lines: list[PricedLine]) -> None:
     """`source:external_id` of each line's job; a pruned job keeps its id as `job:<id>`."""
-    from telemetry.models import Job
-
     ids = sorted({ln.job_id for ln in lines if ln.job_id is not None})
     keys: dict[int, str] = {}
     for i in range(0, len(ids), 10000):

@@ -14,6 +14,7 @@ from decimal import Decimal
 
 from django.db.models import Sum
 
+from telemetry.models import Job
 from tenancy.models import Invoice, UsageHour
 
 INVOICE_COLUMNS = (
@@ -107,8 +108,6 @@ def invoice_csv(invoice: Invoice) -> str:
 
 def usage_rows(who, start: datetime, end: datetime, *, tenant=None) -> list[dict]:
     """UsageHour rows `who` may see in [start, end), optionally one tenant's, oldest first, with job keys."""
-    from telemetry.models import Job
-
     qs = UsageHour.objects.visible_to(who).filter(hour__gte=start, hour__lt=end)
     if tenant is not None:
         qs = qs.filter(tenant=tenant)

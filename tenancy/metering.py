@@ -61,6 +61,7 @@ from telemetry.models import (
     PowerDevice,
     RollupWatermark,
 )
+from telemetry.selectors.power import pue_series
 from tenancy.models import MeteringWatermark, TenantAccount, UsageHour
 
 logger = logging.getLogger(__name__)
@@ -277,8 +278,6 @@ def hourly_pue(start: datetime, end: datetime) -> list[float]:
 
     A measured value below 1 (a meter glitch) would make facility energy negative, so it is raised to 1.
     """
-    from telemetry.selectors.power import pue_series
-
     hours = _hours(start, end)
     measured = pue_series(start, end, max_points=len(hours) + 1)["y"]
     if len(measured) != len(hours):  # never expected: the series is hourly for whole-hour ranges

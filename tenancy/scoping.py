@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from django.db import models
 from django.db.models import Q
 
+from telemetry.models import Allocation
+from tenancy.models import ApiToken, Membership, Tenant, TenantAccount
+
 ROLE_ORDER = {"viewer": 0, "member": 1, "tenant_admin": 2}
 
 
@@ -53,8 +56,6 @@ NOBODY = Scope()
 
 def _expand(roles: dict[int, str]) -> dict[int, str]:
     """A role in an organisation applies to its teams and projects too (the stronger role wins)."""
-    from tenancy.models import Tenant
-
     out = dict(roles)
     for child_id, parent_id in Tenant.objects.filter(parent_id__in=list(roles)).values_list("id", "parent_id"):
         inherited = roles[parent_id]
@@ -64,8 +65,6 @@ def _expand(roles: dict[int, str]) -> dict[int, str]:
 
 
 def _build(roles: dict[int, str], *, read_only: bool = False) -> Scope:
-    from tenancy.models import Tenant, TenantAccount
-
     roles = _expand(roles)
     slugs = frozenset(Tenant.objects.filter(id__in=list(roles)).values_list("slug", flat=True))
     accounts = frozenset(TenantAccount.objects.filter(tenant_id__in=list(roles)).values_list("kind", "name"))
@@ -86,8 +85,6 @@ def scope_for(who) -> Scope:
 
 
 def _compute(who) -> Scope:
-    from tenancy.models import ApiToken, Membership
-
     if who is None:
         return NOBODY
     if isinstance(who, ApiToken):
@@ -126,14 +123,10 @@ def visible(qs: models.QuerySet, who) -> models.QuerySet:
 
 
 def _held_gpu_ids(scope: Scope) -> models.QuerySet:
-    from telemetry.models import Allocation
-
     return Allocation.objects.filter(_accounts_q(scope, "job__"), end__isnull=True).values("gpu_id")
 
 
 def _held_node_ids(scope: Scope) -> models.QuerySet:
-    from telemetry.models import Allocation
-
     return Allocation.objects.filter(_accounts_q(scope, "job__"), end__isnull=True).values("node_id")
 
 
@@ -156,10 +149,3 @@ _RULES = {
     "alerts.Alert": lambda qs, s: qs.filter(labels__tenant__in=list(s.slugs)),
     "alerts.AlertEvent": lambda qs, s: qs.filter(alert__labels__tenant__in=list(s.slugs)),
 }
-
-
-class ScopedQuerySet(models.QuerySet):
-    """Adds `.visible_to(who)`, which is `visible(self, who)`."""
-
-    def visible_to(self, who) -> models.QuerySet:
-        return visible(self, who)

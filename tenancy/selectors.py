@@ -20,6 +20,7 @@ from django.db.models import Count, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import TruncDay
 from django.utils import timezone
 
+from anomaly.selectors import members_between, straggling_ranks
 from telemetry.health import FAILING_EVENT_KINDS, RESET_OR_RMA_XIDS
 from telemetry.models import Allocation, Gpu, GpuEvent, Job, JobStateChange, MigInstance, Node
 from telemetry.xid import describe
@@ -104,8 +105,6 @@ def usage_summary(who, start: datetime, end: datetime, by: tuple[str, ...] = ("t
 
 def _stragglers(job_keys: set[str], start: datetime, end: datetime) -> dict[str, list[str]]:
     """Job key -> ranks flagged as stragglers at some time in [start, end)."""
-    from anomaly.selectors import members_between, straggling_ranks
-
     ranks = straggling_ranks(members_between("straggler", start, end))
     return {k: v for k, v in ranks.items() if k in job_keys}
 

@@ -11,6 +11,8 @@ from datetime import datetime
 from celery import shared_task
 from django.utils import timezone
 
+from tenancy.metering import run_metering
+
 
 def _aware(value: str | None, name: str) -> datetime | None:
     """A datetime travels as ISO 8601 (JSON has none); it must carry its timezone."""
@@ -26,7 +28,5 @@ def _aware(value: str | None, name: str) -> datetime | None:
 @shared_task(name="tenancy.tasks.meter", acks_late=True)
 def meter(now: str | None = None, since: str | None = None) -> dict:
     """Meter the complete hours up to `now` (default: the current time), from `since` if given."""
-    from tenancy.metering import run_metering
-
     out = run_metering(_aware(now, "now") or timezone.now(), since=_aware(since, "since"))
     return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in out.items()}

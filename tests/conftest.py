@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import procs
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Real captures live beside the checkout (../shared/data), never inside it.
@@ -108,63 +110,57 @@ CHROMIUM_ARGS = [
 ]
 
 
-class AsgiServer:
-    """A daphne process serving the project on a loopback port; restartable on the same port."""
+class AsgiServer(procs.Child):
+    """A daphne process serving the project on a free loopback port; restartable on the same port.
+
+    tests.procs' daphne with the readiness wait in `start()`, under the name some test modules import from
+    here. Its output goes to a log file (`log_text()`, `tail()`), never to an unread pipe."""
 
     def __init__(self, env: dict):
-        import socket
+        port = procs.free_port()
+        super().__init__("daphne", procs.daphne_argv(port), env, port=port)
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.env = env
-        self.proc = None
-        self.url = f"http://127.0.0.1:{self.port}"
+    def start(self) -> AsgiServer:
+        super().start()
+        self.wait_port(timeout=30)
+        # For code written when stderr was a pipe (tests/security/test_secure_defaults.py's LoggedServer reads
+        # `proc.stderr.readline` in a thread): the same lines, read from the log file as they are written.
+        self.proc.stderr = _LogFollower(self)
+        return self
 
-    def start(self) -> None:
-        import socket
-        import subprocess
-        import sys
-        import time
 
-        daphne = str(Path(sys.executable).parent / "daphne")
-        self.proc = subprocess.Popen(
-            [daphne, "-b", "127.0.0.1", "-p", str(self.port), "dashboard.asgi:application"],
-            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(self.proc.stderr.read().decode()[-3000:]) from None
-                time.sleep(0.1)
+class _LogFollower:
+    """`readline()` over a child's log as over its stderr pipe: blocks until the next whole line is written,
+    b"" once the child has exited and everything is read. Opens the file only when first read."""
 
-        raise RuntimeError("daphne did not start within 30 s")
+    def __init__(self, child: procs.Child):
+        self.child, self._file, self._partial = child, None, b""
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
+    def readline(self) -> bytes:
+        if self._file is None:
+            self._file = open(self.child.log_path, "rb")  # noqa: SIM115 - open while the child runs
+        while True:
+            exited = not self.child.alive()  # before the read: what it wrote before exiting is read below
+            self._partial += self._file.readline()
+            if self._partial.endswith(b"\n") or (exited and self._partial):
+                line, self._partial = self._partial, b""
+                return line
+            if exited:
+                self._file.close()
+                return b""
+            time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")
 def asgi_server(django_db_setup, django_db_blocker):
     """daphne on a free port, connected to the test database and the test Redis."""
-    from urllib.parse import quote
-
     from django.conf import settings
 
-    db = settings.DATABASES["default"]
-    url = f"postgresql://{quote(db['USER'])}:{quote(db['PASSWORD'])}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "0", "LOG_LEVEL": "WARNING"}
-    server = AsgiServer(env)
+    server = AsgiServer(procs.child_env())
     server.start()
     yield server
     server.stop()
-    _wait_for_backends_to_exit(db["NAME"], django_db_blocker)
+    _wait_for_backends_to_exit(settings.DATABASES["default"]["NAME"], django_db_blocker)
 
 
 def _wait_for_backends_to_exit(dbname: str, django_db_blocker, timeout: float = 10.0) -> None:

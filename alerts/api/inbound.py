@@ -11,28 +11,19 @@ Point an Alertmanager receiver at it:
 
 from __future__ import annotations
 
-import json
 import logging
 
-from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, DataError
+from django.db import DataError
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from alerts.alertmanager import PayloadError
 from alerts.lifecycle import do_ingest_alertmanager
-from telemetry.api.auth import AuthError, authenticate_collector
-from tenancy.access import collector_endpoint
+from core.api import ApiError, ErrorCode, collector_endpoint, json_edge, method_not_allowed, read_json
+from telemetry.api.auth import authenticate_collector
 
 log = logging.getLogger(__name__)
-
-
-def _error(status: int, code: str, message: str, **extra) -> JsonResponse:
-    resp = JsonResponse({"error": {"code": code, "message": message, **extra}}, status=status)
-    if status == 401:
-        resp["WWW-Authenticate"] = 'Bearer realm="breakwater-alerts"'
-    return resp
 
 
 def _nul_path(value, path: str) -> str | None:
@@ -52,35 +43,24 @@ def _nul_path(value, path: str) -> str | None:
 
 @collector_endpoint
 @csrf_exempt
+@json_edge
 def alertmanager_webhook(request: HttpRequest) -> JsonResponse:
     """POST an Alertmanager webhook: firing alerts fire or merge, resolved ones resolve; 400 names the field."""
     if request.method != "POST":
-        resp = _error(405, "method_not_allowed", "POST an Alertmanager webhook payload")
-        resp["Allow"] = "POST"
-        return resp
-    try:
-        token = authenticate_collector(request.headers.get("Authorization"))
-        payload = json.loads(request.body)
-    except AuthError as exc:
-        return _error(exc.status, exc.code, exc.message)
-    except RequestDataTooBig:
-        return _error(413, "too_large", "the payload exceeds the request size limit")
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        return _error(400, "bad_json", f"(body): not valid JSON: {exc}", where="(body)")
+        raise method_not_allowed(request, ("POST",))
+    token = authenticate_collector(request.headers.get("Authorization"))
+    payload = read_json(request.body, want=None, where="(body)")
     nul = _nul_path(payload, "")
     if nul is not None:  # PostgreSQL stores no NUL character, in text or in JSON
-        return _error(400, "bad_payload", f"{nul or '(body)'}: contains a NUL character", where=nul or "(body)")
+        where = nul or "(body)"
+        raise ApiError(400, ErrorCode.BAD_PAYLOAD, f"{where}: contains a NUL character", where=where)
     try:
         changed = do_ingest_alertmanager(payload, timezone.now())
     except PayloadError as exc:
-        return _error(400, "bad_payload", str(exc), where=exc.path)
+        raise ApiError(400, ErrorCode.BAD_PAYLOAD, str(exc), where=exc.path) from exc
     except DataError as exc:  # a value past a column's size (an alertname over 200 characters); nothing written
-        return _error(400, "bad_payload", f"a value does not fit: {str(exc).splitlines()[0]}", where="(body)")
-    except DatabaseError:
-        log.warning("alertmanager webhook not stored: the database is unavailable")
-        resp = _error(503, "unavailable", "the database is unavailable; retry")
-        resp["Retry-After"] = "5"
-        return resp
+        raise ApiError(400, ErrorCode.BAD_PAYLOAD, f"a value does not fit: {str(exc).splitlines()[0]}",
+                       where="(body)") from exc
     alerts = len(payload["alerts"])
     log.info("alertmanager webhook from %s: %d alert(s), %d changed", token.name, alerts, len(changed))
     return JsonResponse({"status": "ok", "received": alerts, "changed": changed})

@@ -11,118 +11,55 @@ tokens: `collector_token`), 404, 405 (with Allow), 409 when the object's state r
 
 from __future__ import annotations
 
-import importlib
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from django.core.exceptions import NON_FIELD_ERRORS, ObjectDoesNotExist, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from django.views.decorators.csrf import csrf_exempt
 
-from alerts import rule_actions, selectors
+from alerts import delivery, lifecycle, rule_actions, selectors, silences
 from alerts.forms import parse_duration, parse_matchers
-from alerts.models import ActionState, AlertState, Severity
-from tenancy.access import csrf_failure_reason, mark
-from tenancy.auth import AccessDenied, acting_user, check_api_access, is_token_request
+from alerts.models import ActionState, AlertState, RemediationAction, Severity
+from alerts.remediation import actions as remediation_actions
+from alerts.remediation import impact
+from alerts.remediation.actions import ActionError
+from core.api import ApiError, ErrorCode, api_view, read_json
+from tenancy.auth import acting_user
 
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 MAX_LIMIT = 1000
 SILENCE_STATES = ("current", "active", "pending", "expired", "all")
 
 
-class ApiError(Exception):
-    """An error answered as {"error": {"code", "message", ...}} with an HTTP status."""
-
-    def __init__(self, status: int, code: str, message: str, **extra):
-        super().__init__(message)
-        self.status, self.code, self.message, self.extra = status, code, message, extra
-
-    def response(self, headers: dict | None = None) -> JsonResponse:
-        resp = JsonResponse({"error": {"code": self.code, "message": self.message, **self.extra}}, status=self.status)
-        for k, v in (headers or {}).items():
-            resp[k] = v
-        return resp
-
-
-def invalid(exc: ValidationError) -> ApiError:
-    """A ValidationError as a 400 that names its first field, and lists every field's messages."""
-    fields = exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.messages}
-    name, msgs = next(iter(fields.items()))
-    message = msgs[0] if name == NON_FIELD_ERRORS else f"{name}: {msgs[0]}"
-    return ApiError(400, "invalid", message, field=None if name == NON_FIELD_ERRORS else name, fields=fields)
-
-
 def endpoint(*, tenant_reads: bool = False, **handlers: Callable) -> Callable:
-    """A JSON view dispatching on the method (GET=..., POST=...), with the checks every endpoint shares.
+    """A JSON view dispatching on the method (GET=..., POST=...), behind the API's one edge (core.api.api_view).
 
     Operators only, unless `tenant_reads`: then tenants' users and tokens may read (the handler scopes
     its rows with visible_to(request.who)).
     """
-    allow = ", ".join(sorted(handlers))
 
-    @csrf_exempt  # enforced below for session writes, after the 401/403 checks, so errors stay JSON
     def view(request: HttpRequest, **kwargs) -> JsonResponse:
-        handler = handlers.get("GET" if request.method == "HEAD" else request.method)
+        handler = handlers["GET" if request.method == "HEAD" else request.method]
         try:
-            _check_access(request, tenant_reads)  # first: who may not be here learns nothing of the methods
-            if handler is None:
-                raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here; use {allow}")
             return handler(request, **kwargs)
-        except ApiError as exc:
-            return exc.response({"Allow": allow} if exc.status == 405 else None)
-        except ValidationError as exc:
-            return invalid(exc).response()
-        except ObjectDoesNotExist as exc:
-            return ApiError(404, "not_found", str(exc) or "no such object").response()
-        except _refusals() as exc:  # the actions' refusal: bad input, or a state that does not allow the change
-            return _refusal(exc).response()
+        except (ValueError, ActionError) as exc:  # the actions' refusal: bad input, or a state that refuses it
+            raise _refusal(exc) from exc
 
-    return mark(view, "tenant" if tenant_reads else "operator")
-
-
-def _refusals() -> tuple[type[Exception], ...]:
-    try:
-        from alerts.remediation.actions import ActionError
-    except ImportError:
-        return (ValueError,)
-    return (ValueError, ActionError)
+    return api_view(operator=not tenant_reads, tenant_reads=tenant_reads, methods=tuple(sorted(handlers)))(view)
 
 
 def _refusal(exc: Exception) -> ApiError:
     # ActionError carries "invalid" (400) or "conflict" (409); a ValueError is the lifecycle's wrong state.
     if getattr(exc, "code", "conflict") == "invalid":
-        return ApiError(400, "invalid", str(exc))
-    return ApiError(409, "conflict", str(exc))
-
-
-def _check_access(request: HttpRequest, tenant_reads: bool) -> None:
-    try:
-        check_api_access(request, operator=not (tenant_reads and request.method in SAFE_METHODS))
-    except AccessDenied as exc:
-        raise ApiError(exc.status, exc.code, exc.message) from exc
-    if request.method in SAFE_METHODS or is_token_request(request):
-        return  # a token comes without cookies: only session writes can be forged across sites
-    reason = csrf_failure_reason(request)
-    if reason:
-        raise ApiError(403, "csrf_failed", f"CSRF check failed: {reason}; send the csrftoken cookie's value as "
-                                           "X-CSRFToken")
+        return ApiError(400, ErrorCode.INVALID, str(exc))
+    return ApiError(409, ErrorCode.CONFLICT, str(exc))
 
 
 # --- Input -------------------------------------------------------------------------------------------
 
 def _body(request: HttpRequest) -> dict:
-    if not request.body.strip():
-        return {}
-    try:
-        data = json.loads(request.body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "bad_json", f"the body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ApiError(400, "bad_json", "the body must be a JSON object")
-    return data
+    return read_json(request.body) if request.body.strip() else {}
 
 
 def _time(value, name: str) -> datetime | None:
@@ -136,40 +73,36 @@ def _time(value, name: str) -> datetime | None:
     except (ValueError, OverflowError):  # well-formed but no such time ("2026-02-30"), or past year 9999 in UTC
         moment = None
     if moment is None:
-        raise ApiError(400, "invalid", f"{name}: {value!r} is not an ISO 8601 time", field=name)
+        raise ApiError(400, ErrorCode.INVALID, f"{name}: {value!r} is not an ISO 8601 time", field=name)
     return moment
 
 
 def _choice(params, name: str, allowed, default: str = "") -> str:
     value = params.get(name, default) or default
     if value and value not in allowed:
-        raise ApiError(400, "invalid", f"{name}: {value!r} is not one of {', '.join(allowed)}", field=name)
+        raise ApiError(400, ErrorCode.INVALID, f"{name}: {value!r} is not one of {', '.join(allowed)}", field=name)
     return value
 
 
 def _limit(params) -> int:
     raw = params.get("limit", str(selectors.LIST_LIMIT))
     if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
-        raise ApiError(400, "invalid", f"limit: must be a whole number from 1 to {MAX_LIMIT}", field="limit")
+        raise ApiError(400, ErrorCode.INVALID, f"limit: must be a whole number from 1 to {MAX_LIMIT}", field="limit")
     return int(raw)
 
 
 def _text(data: dict, name: str, *, required: bool = False) -> str:
     value = data.get(name, "")
     if not isinstance(value, str):
-        raise ApiError(400, "invalid", f"{name}: must be a string", field=name)
+        raise ApiError(400, ErrorCode.INVALID, f"{name}: must be a string", field=name)
     if required and not value.strip():
-        raise ApiError(400, "invalid", f"{name}: is required", field=name)
+        raise ApiError(400, ErrorCode.INVALID, f"{name}: is required", field=name)
     return value.strip()
-
-
-def _action(name: str, module: str) -> Callable:
-    return getattr(importlib.import_module(module), name)
 
 
 def _found(row: dict | None, what: str) -> dict:
     if row is None:
-        raise ApiError(404, "not_found", f"no such {what}")
+        raise ApiError(404, ErrorCode.NOT_FOUND, f"no such {what}")
     return row
 
 
@@ -194,8 +127,8 @@ def _get_alert(request, alert_id: int):
 def _ack(request, alert_id: int):
     """POST acknowledges, DELETE withdraws the acknowledgement; {"note": "..."} optional either way."""
     note = _text(_body(request), "note")
-    name = "do_ack_alert" if request.method == "POST" else "do_unack_alert"
-    _action(name, "alerts.lifecycle")(alert_id, acting_user(request), note)
+    act = lifecycle.do_ack_alert if request.method == "POST" else lifecycle.do_unack_alert
+    act(alert_id, acting_user(request), note)
     return JsonResponse(_found(selectors.alert_detail(alert_id), "alert"))
 
 
@@ -227,8 +160,8 @@ def _update_rule(request, rule_id: int):
     if request.method == "PUT":
         missing = [f for f in ("name", "kind") if f not in data]
         if missing:
-            raise ApiError(400, "invalid", f"{missing[0]}: is required (PUT replaces the whole rule; PATCH changes "
-                                           "some fields)", field=missing[0])
+            raise ApiError(400, ErrorCode.INVALID, f"{missing[0]}: is required (PUT replaces the whole rule; "
+                                                   "PATCH changes some fields)", field=missing[0])
         data = {**rule_actions.rule_defaults(), **data}
     rule_actions.do_update_rule(rule_id, data, acting_user(request))
     return JsonResponse(selectors.rule_detail(rule_id))
@@ -269,12 +202,13 @@ def _create_silence(request):
     if ends is None:
         duration = _text(data, "duration")
         if not duration:
-            raise ApiError(400, "invalid", "ends_at: give ends_at or a duration such as \"2h\"", field="ends_at")
+            raise ApiError(400, ErrorCode.INVALID, "ends_at: give ends_at or a duration such as \"2h\"",
+                           field="ends_at")
         try:
             ends = starts + parse_duration(duration)
         except ValidationError as exc:
             raise ValidationError({"duration": exc.messages}) from exc
-    create = _action("do_create_silence", "alerts.silences")
+    create = silences.do_create_silence
     silence = create(_silence_matchers(data.get("matchers")), starts, ends, _text(data, "comment"),
                      acting_user(request), kind=_text(data, "kind") or "silence", now=now)
     return JsonResponse(selectors.silence_detail(silence.pk, timezone.now()), status=201)
@@ -285,7 +219,7 @@ def _get_silence(request, silence_id: int):
 
 
 def _expire_silence(request, silence_id: int):
-    _action("do_expire_silence", "alerts.silences")(silence_id, acting_user(request))
+    silences.do_expire_silence(silence_id, acting_user(request))
     return JsonResponse(selectors.silence_detail(silence_id, timezone.now()))
 
 
@@ -301,11 +235,7 @@ def _get_channels(request):
 
 def _test_channel(request, channel_id: int):
     """Queue a test notification; 202 with the notification to poll for its delivery."""
-    try:
-        send = _action("do_send_test", "alerts.delivery")
-    except AttributeError:
-        send = _action("do_send_test", "alerts.actions")
-    n = send(channel_id, acting_user(request))
+    n = delivery.do_send_test(channel_id, acting_user(request))
     return JsonResponse({"notification": selectors.notification_detail(n.pk),
                          "url": f"/alerts/notifications/{n.pk}/"}, status=202)
 
@@ -323,36 +253,31 @@ def _get_actions(request):
 
 
 def _action_row(action_id: int) -> dict:
-    from alerts.models import RemediationAction
-
     return selectors.action_row(RemediationAction.objects.select_related("decided_by").get(pk=action_id))
 
 
 def _impact(request, action_id: int):
     """The confirmation's impact preview (jobs, tenants, GPUs, blast-radius budgets) and its confirm token."""
-    from alerts.models import RemediationAction
-    from alerts.remediation.impact import action_impact
 
-    return JsonResponse(action_impact(RemediationAction.objects.get(pk=action_id)).as_dict())
+    return JsonResponse(impact.action_impact(RemediationAction.objects.get(pk=action_id)).as_dict())
 
 
 def _approve(request, action_id: int):
     """Approve; with {"confirm": token} from the impact preview, only while that preview still holds (409)."""
-    from alerts.models import RemediationAction
-    from alerts.remediation.impact import action_impact, confirmed
 
     token = _body(request).get("confirm")
-    if token is not None and not confirmed(action_impact(RemediationAction.objects.get(pk=action_id)), str(token)):
-        raise ApiError(409, "conflict", "the impact changed since this confirm token was issued; read it again",
+    current = impact.action_impact(RemediationAction.objects.get(pk=action_id)) if token is not None else None
+    if token is not None and not impact.confirmed(current, str(token)):
+        raise ApiError(409, ErrorCode.CONFLICT, "the impact changed since this confirm token was issued; read it again",
                        field="confirm")
-    _action("do_approve_action", "alerts.remediation.actions")(action_id, acting_user(request))
+    remediation_actions.do_approve_action(action_id, acting_user(request))
     return JsonResponse(_action_row(action_id))
 
 
 def _reject(request, action_id: int):
     """{"reason": "..."} is required: it goes to the audit log."""
     reason = _text(_body(request), "reason", required=True)
-    _action("do_reject_action", "alerts.remediation.actions")(action_id, acting_user(request), reason)
+    remediation_actions.do_reject_action(action_id, acting_user(request), reason)
     return JsonResponse(_action_row(action_id))
 
 

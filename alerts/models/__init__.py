@@ -7,7 +7,6 @@ from alerts.models.remediation import (
     ActionState,
     AgentCommand,
     AgentCommandState,
-    AuditEntry,
     GuardRail,
     GuardScope,
     Playbook,
@@ -40,7 +39,7 @@ from alerts.models.silences import MATCH_OPS, InhibitRule, Silence, SilenceKind,
 
 __all__ = [
     "MATCH_OPS", "TARGET_KIND", "ActionKind", "ActionMode", "ActionState", "AgentCommand", "AgentCommandState",
-    "Alert", "AlertEvent", "AlertEventKind", "AlertGroup", "AlertSource", "AlertState", "AuditEntry", "Channel",
+    "Alert", "AlertEvent", "AlertEventKind", "AlertGroup", "AlertSource", "AlertState", "Channel",
     "ChannelKind", "DeliveryAttempt", "EntityKind", "GuardRail", "GuardScope", "InhibitRule", "Notification",
     "NotificationEvent", "NotificationStatus", "Op", "Playbook", "RemediationAction", "Route", "Rule", "RuleKind",
     "RulePending", "Severity", "Silence", "SilenceKind", "validate_matchers",

@@ -167,24 +167,3 @@ class AgentCommand(models.Model):
             # The agent's poll: its queued commands, oldest first.
             models.Index(fields=["hostname", "state", "created_at"], name="agent_command_poll"),
         ]
-
-
-class AuditEntry(models.Model):
-    """Append-only: who did what, when, why, and the outcome. A trigger refuses UPDATE and DELETE."""
-
-    time = models.DateTimeField()
-    actor = models.CharField(max_length=150, help_text="Username, or system:<component>")
-    verb = models.CharField(max_length=40, help_text="e.g. action.approve, rule.create, silence.expire")
-    object_kind = models.CharField(max_length=40)
-    object_id = models.CharField(max_length=200)
-    reason = models.TextField(blank=True)
-    outcome = models.CharField(max_length=40, blank=True)
-    detail = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        ordering = ["-time", "-id"]
-        indexes = [
-            # The audit page: newest first, optionally for one object.
-            models.Index(fields=["-time"], name="audit_time"),
-            models.Index(fields=["object_kind", "object_id"], name="audit_object"),
-        ]

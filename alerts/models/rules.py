@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from tenancy.scoping import ScopedQuerySet
+from core.scoping import ScopedQuerySet
 
 
 class Severity(models.TextChoices):
@@ -134,7 +134,7 @@ class AlertSource(models.TextChoices):
 class Alert(models.Model):
     """One alert: a fingerprint (hash of its labels) in a state; a re-sighting merges into it."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     fingerprint = models.CharField(max_length=64)
     rule = models.ForeignKey(Rule, null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
@@ -203,7 +203,7 @@ class AlertEventKind(models.TextChoices):
 class AlertEvent(models.Model):
     """One change of an alert's state, kept for ever (Alertmanager forgets these)."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="events")
     time = models.DateTimeField()

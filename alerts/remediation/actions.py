@@ -19,10 +19,13 @@ from datetime import UTC, datetime
 from django.db import transaction
 from django.utils import timezone
 
-from alerts.audit import actor_name, do_audit
 from alerts.models import TARGET_KIND, ActionKind, ActionMode, ActionState, Alert, Playbook, RemediationAction
 from alerts.remediation.backends import BackendError, get_backend
 from alerts.remediation.guards import Target, blocked_reason, lock_kind, resolve_target
+from anomaly.models import ModelStatus, ModelVersion
+from core.audit import actor_name, do_audit
+from telemetry.models import Job
+from telemetry.selectors.inventory import latest_gpu_rows
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +190,7 @@ def _user(user):
 
 
 def _enqueue_execution(action_id: int) -> None:
-    from alerts.tasks import execute_action
+    from alerts.tasks import execute_action  # queues a task: alerts.tasks imports this module
 
     transaction.on_commit(lambda: execute_action.delay(action_id))
 
@@ -226,8 +229,6 @@ def _target_facts(target: Target) -> dict:
     if target.gpu is not None:
         facts["gpu_index"] = target.gpu.index
     if target.kind == "job":
-        from telemetry.models import Job
-
         source, _, external = target.key.partition(":")
         job = Job.objects.filter(source=source, external_id=external).first()
         facts.update(known=job is not None, job_state=job.state if job else None)
@@ -236,8 +237,6 @@ def _target_facts(target: Target) -> dict:
 
 def _latest_metrics(target: Target) -> dict:
     """{gpu uuid: last-value row} of the target GPU, or of every GPU of the target node."""
-    from telemetry.selectors.inventory import latest_gpu_rows
-
     gpus = [target.gpu] if target.gpu else list(target.node.gpus.all()) if target.node else []
     rows = latest_gpu_rows([g.pk for g in gpus], HEALTH_FIELDS)
     out = {}
@@ -249,7 +248,5 @@ def _latest_metrics(target: Target) -> dict:
 
 
 def _active_models() -> dict:
-    from anomaly.models import ModelStatus, ModelVersion
-
     versions = ModelVersion.objects.filter(status=ModelStatus.ACTIVE).only("kind", "version", "promoted_at")
     return {v.kind: {"id": v.pk, "version": v.version, "promoted_at": _iso(v.promoted_at)} for v in versions}

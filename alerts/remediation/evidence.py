@@ -18,8 +18,9 @@ from datetime import UTC, datetime, timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from alerts.models import AlertEvent, AuditEntry, RemediationAction
+from alerts.models import AlertEvent, RemediationAction
 from alerts.remediation.guards import resolve_target
+from core.models import AuditEntry
 from telemetry.models import Gpu, GpuEvent, GpuEventKind
 from telemetry.selectors.fleet import gpu_events
 from telemetry.series import series

@@ -24,10 +24,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from alerts.audit import do_audit
 from alerts.models import ActionKind, ActionState, AgentCommandState, RemediationAction
 from alerts.remediation.backends import Backend, BackendError, get_backend
 from alerts.remediation.guards import blocked_reason, lock_kind, resolve_target
+from core.audit import do_audit
+from telemetry.actions import do_set_node_state
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +110,6 @@ def _complete(action: RemediationAction, *, verified: bool | None, result: dict,
     action.result = {**result, **({"error": error} if error else {})}
     action.save(update_fields=["state", "verified", "finished_at", "result"])
     if verified and action.kind in NODE_STATE_AFTER:
-        from telemetry.actions import do_set_node_state
-
         do_set_node_state(action.target_key, NODE_STATE_AFTER[action.kind])
     commands = [c.get("cmd") for c in result.get("commands", [])]
     do_audit(ACTOR, "action.execute", "action", action.pk, reason=error, outcome=action.state,
@@ -125,7 +124,7 @@ def _complete(action: RemediationAction, *, verified: bool | None, result: dict,
 # --- Agent actions: finished by the agent's report, or by expiry --------------------------------------------
 
 def _schedule_agent_check(action_id: int) -> None:
-    from alerts.tasks import execute_action
+    from alerts.tasks import execute_action  # queues a task: alerts.tasks imports this module
 
     grace = settings.AGENT_COMMAND_TTL + timedelta(seconds=30)
     transaction.on_commit(lambda: execute_action.apply_async((action_id,), countdown=grace.total_seconds()))
@@ -133,7 +132,7 @@ def _schedule_agent_check(action_id: int) -> None:
 
 def check_agent_action(action_id: int, now: datetime) -> str:
     """Expire commands the agent never fetched or answered, then finish the action if nothing is outstanding."""
-    from alerts.remediation.backends.agent import do_expire_agent_commands
+    from alerts.remediation.backends.agent import do_expire_agent_commands  # the agent backend imports this module
 
     do_expire_agent_commands(now)
     outcome = finish_agent_action(action_id, now=now)
@@ -161,7 +160,7 @@ def finish_agent_action(action_id: int, *, now: datetime | None = None) -> str:
 
 
 def _agent_row(cmd) -> dict:
-    from alerts.remediation.backends.agent import describe_command
+    from alerts.remediation.backends.agent import describe_command  # the agent backend imports this module
 
     return {"cmd": describe_command(cmd.hostname, cmd.command, cmd.params), "agent_command": cmd.pk,
             "state": cmd.state, "rc": cmd.result.get("rc"), "output": str(cmd.result.get("output", ""))[-2000:],

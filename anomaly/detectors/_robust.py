@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 # MAD × 1.4826 estimates σ for normal data, so deviations read as "σ" on the page.
@@ -43,8 +45,6 @@ class _quiet:
     """Silence numpy's 'All-NaN slice' warnings: an all-NaN group simply has no median."""
 
     def __enter__(self):
-        import warnings
-
         self._w = warnings.catch_warnings()
         self._w.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -4,13 +4,10 @@ queue and the audit log.
 Every page is an operator's (`tenancy.access.operator_required`: the login page for anonymous visitors, 403
 for tenants' users, whose alerts are in their portal); every change is a POST with CSRF that calls one action
 and redirects back (post/redirect/get) with its outcome as a message.
-The actions of the other alerting modules (lifecycle, silences, delivery, remediation) are imported inside
-the views, so these pages load whichever of them exists.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -18,7 +15,6 @@ from datetime import datetime
 from django.contrib import messages
 from django.core.exceptions import (
     NON_FIELD_ERRORS,
-    ImproperlyConfigured,
     ObjectDoesNotExist,
     ValidationError,
 )
@@ -29,10 +25,16 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from alerts import forms, rule_actions, selectors
-from alerts.models import ActionState, AlertState, NotificationStatus, Severity
+from alerts import delivery, forms, lifecycle, rule_actions, selectors, silences
+from alerts.models import ActionState, AlertState, NotificationStatus, RemediationAction, Severity
+from alerts.remediation import actions as remediation_actions
+from alerts.remediation import evidence
+from alerts.remediation.actions import ActionError
+from alerts.remediation.impact import APPROVABLE, action_impact, confirm_token, confirmed
 from dashboard.pages.inventory import duration, when
 from dashboard.pages.svgchart import line_chart
+from telemetry import health
+from telemetry.models import Gpu, Node
 from tenancy.access import operator_required
 
 
@@ -41,13 +43,8 @@ def now() -> datetime:
     return timezone.now()
 
 
-def _refusals() -> tuple[type[Exception], ...]:
-    """What the actions raise when they refuse: bad input or a state that does not allow the change."""
-    try:
-        from alerts.remediation.actions import ActionError
-    except ImportError:
-        return (ValueError,)
-    return (ValueError, ActionError)
+# What the actions raise when they refuse: bad input or a state that does not allow the change.
+REFUSALS = (ValueError, ActionError)
 
 
 def _attempt(request, call: Callable, done: str) -> bool:
@@ -59,23 +56,11 @@ def _attempt(request, call: Callable, done: str) -> bool:
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
         return False
-    except _refusals() as exc:
+    except REFUSALS as exc:
         messages.error(request, str(exc))
         return False
     messages.success(request, done)
     return True
-
-
-def _action(name: str, *modules: str) -> Callable:
-    """The action `name` from the first of `modules` that defines it (they are written by other parts)."""
-    for module in modules:
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found
-    raise ImproperlyConfigured(f"{name} is not defined in {' or '.join(modules)}")
 
 
 def _back(request, fallback: str) -> HttpResponseRedirect:
@@ -118,8 +103,6 @@ def display_alert(row: dict, at: datetime) -> dict:
 def with_entity_health(rows: list[dict], at: datetime) -> list[dict]:
     """Each alert row with the current state of the hardware it is about (`telemetry.health`), so an
     alert and the GPU, node or port page it links to say the same thing now."""
-    from telemetry import health
-    from telemetry.models import Gpu, Node
 
     keys = {kind: {r["entity_key"] for r in rows if r.get("entity_kind") == kind and r.get("entity_key")}
             for kind in ("gpu", "node", "port")}
@@ -165,8 +148,6 @@ def display_action(row: dict) -> dict:
 
 def _approvable(row: dict) -> bool:
     """Whether the action may still be approved (through its confirm page); a shadow record never runs."""
-    from alerts.remediation.impact import APPROVABLE
-
     return row["mode"] != "shadow" and row["state"] in APPROVABLE
 
 
@@ -223,10 +204,10 @@ def alert_ack(request, alert_id: int):
     """Acknowledge an alert (or withdraw the acknowledgement with undo=1)."""
     note = request.POST.get("note", "").strip()[:500]
     if request.POST.get("undo"):
-        unack = _action("do_unack_alert", "alerts.lifecycle")
+        unack = lifecycle.do_unack_alert
         _attempt(request, lambda: unack(alert_id, request.user, note), "Acknowledgement withdrawn.")
     else:
-        ack = _action("do_ack_alert", "alerts.lifecycle")
+        ack = lifecycle.do_ack_alert
         _attempt(request, lambda: ack(alert_id, request.user, note), "Alert acknowledged.")
     return _back(request, reverse("alert", args=[alert_id]))
 
@@ -326,7 +307,7 @@ def silence_list(request):
         return _silences_page(request, forms.SilenceForm(initial=initial, now=at), at)
     form = forms.SilenceForm(request.POST, now=at)
     if form.is_valid():
-        do_create_silence = _action("do_create_silence", "alerts.silences")
+        do_create_silence = silences.do_create_silence
         d = form.cleaned_data
         try:
             silence = do_create_silence(d["matchers"], d["starts_at"], d["ends_at"], d["comment"], request.user,
@@ -343,7 +324,7 @@ def silence_list(request):
 @require_POST
 def silence_expire(request, silence_id: int):
     """End a silence now."""
-    do_expire_silence = _action("do_expire_silence", "alerts.silences")
+    do_expire_silence = silences.do_expire_silence
     _attempt(request, lambda: do_expire_silence(silence_id, request.user), "Silence expired.")
     return redirect("silences")
 
@@ -377,7 +358,7 @@ def channel_list(request):
 @require_POST
 def channel_test(request, channel_id: int):
     """Send a test notification through a channel; the page then shows how its delivery went."""
-    do_send_test = _action("do_send_test", "alerts.delivery", "alerts.actions")
+    do_send_test = delivery.do_send_test
     sent = []
     _attempt(request, lambda: sent.append(do_send_test(channel_id, request.user)), "Test notification queued.")
     return redirect(f"{reverse('channels')}?tested={sent[0].pk}" if sent else "channels")
@@ -387,7 +368,7 @@ def channel_test(request, channel_id: int):
 @require_POST
 def channel_enable(request, channel_id: int):
     """Switch a channel back on after a permanent delivery error was fixed."""
-    do_enable_channel = _action("do_enable_channel", "alerts.delivery", "alerts.actions")
+    do_enable_channel = delivery.do_enable_channel
     _attempt(request, lambda: do_enable_channel(channel_id, request.user), "Channel enabled.")
     return redirect("channels")
 
@@ -419,7 +400,6 @@ def _impact_page(request, action, impact, *, status: int = 200):
     """The confirmation: the impact preview and, while approving is allowed, the form that confirms it.
     `?partial=1` answers the fragment alone, which the remediation page's dialog shows (confirm.js)."""
     template = "alerts/_confirm.html" if request.GET.get("partial") else "alerts/confirm.html"
-    from alerts.remediation.impact import confirm_token
 
     return render(request, template, {"action": display_action(selectors.action_row(action)), "impact": impact,
                                       "token": confirm_token(impact),
@@ -432,8 +412,6 @@ def action_approve(request, action_id: int):
     """Approve an action: GET shows the impact preview (jobs, tenants, GPUs, blast-radius budget); a POST
     acts only with the confirm token of that same preview, else it shows the preview again and changes
     nothing. A guard rail that blocks it (an exhausted budget) refuses it, recorded as blocked."""
-    from alerts.remediation.impact import action_impact, confirmed
-
     action = _get_action(action_id)
     impact = action_impact(action, now=now())
     if request.method != "POST":
@@ -442,10 +420,10 @@ def action_approve(request, action_id: int):
         messages.warning(request, "Nothing was approved: read the impact below and confirm it"
                          + (" (it changed since it was shown)." if request.POST.get("confirm") else "."))
         return _impact_page(request, action, impact, status=409)
-    do_approve_action = _action("do_approve_action", "alerts.remediation.actions")
+    do_approve_action = remediation_actions.do_approve_action
     try:
         action = do_approve_action(action_id, request.user, now=now())
-    except _refusals() as exc:
+    except REFUSALS as exc:
         messages.error(request, str(exc))
     else:
         if action.state == ActionState.BLOCKED:
@@ -456,8 +434,6 @@ def action_approve(request, action_id: int):
 
 
 def _get_action(action_id: int):
-    from alerts.models import RemediationAction
-
     action = RemediationAction.objects.select_related("decided_by", "alert").filter(pk=action_id).first()
     if action is None:
         raise Http404("No such remediation action.")
@@ -469,8 +445,6 @@ def _get_action(action_id: int):
 def action_detail(request, action_id: int):
     """One action: what it would do (the impact preview), its evidence as a timeline with the target's metric
     charts, and the raw evidence and result behind a toggle."""
-    from alerts.remediation import evidence
-    from alerts.remediation.impact import action_impact, confirm_token
 
     action, at = _get_action(action_id), now()
     impact = action_impact(action, now=at)
@@ -488,7 +462,7 @@ def action_detail(request, action_id: int):
 @require_POST
 def action_reject(request, action_id: int):
     """Reject an action awaiting approval, with a reason."""
-    do_reject_action = _action("do_reject_action", "alerts.remediation.actions")
+    do_reject_action = remediation_actions.do_reject_action
     form = forms.RejectForm(request.POST)
     if not form.is_valid():
         messages.error(request, "Give a reason to reject an action.")
@@ -502,7 +476,7 @@ def action_reject(request, action_id: int):
 @require_POST
 def action_drain(request):
     """Ask for a node to be drained by hand; it waits in the approvals queue (guard rails still apply)."""
-    do_request_action = _action("do_request_action", "alerts.remediation.actions")
+    do_request_action = remediation_actions.do_request_action
     form = forms.DrainForm(request.POST)
     if not form.is_valid():
         messages.error(request, "Give the node's hostname and a reason.")

@@ -16,15 +16,17 @@ from decimal import Decimal
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import ObjectDoesNotExist, ValidationError
-from django.db import transaction
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from dashboard.pages import portal
+from tenancy import actions, selectors
 from tenancy.access import operator_required
-from tenancy.models import BillingMode, Invoice, InvoiceState, Tenant
+from tenancy.billing import BillingError, do_correct_line, do_finalize_invoice, do_generate_invoice, run_invoices
+from tenancy.exports import usage_csv
+from tenancy.models import BillingMode, Invoice, InvoiceLine, InvoiceState, Tenant
 
 PERIOD_RE = re.compile(r"^(\d{4})-(\d{2})$")
 PERIODS_SHOWN = 6
@@ -72,8 +74,8 @@ def tenant_rows(user, start: datetime, end: datetime) -> tuple[list[dict], Decim
     """Every tenant with its usage, cost and invoice for the period (an organisation's row adds up its teams),
     and the GPU-hours of jobs whose account maps to no tenant."""
     until = min(end, portal.floor_hour(portal.now()))
-    sel = portal._selectors()
-    usage = {r["tenant"]: r for r in sel.usage_summary(user, start, until, by=("tenant",))} if until > start else {}
+    rows = selectors.usage_summary(user, start, until, by=("tenant",)) if until > start else []
+    usage = {r["tenant"]: r for r in rows}
     invoices = {i.tenant_id: i for i in Invoice.objects.visible_to(user).filter(period_start=start)}
     tenants = list(Tenant.objects.visible_to(user).select_related("parent"))
     rows = {t.id: _tenant_row(t, usage.get(t.slug), invoices.get(t.id), start, until) for t in tenants}
@@ -111,10 +113,9 @@ def _roll_up(org: dict, team: dict) -> None:
 
 def fair_share_rows(user, at: datetime) -> list[dict]:
     """Entitlement against actual share per tenant, over the last 7 and 30 days side by side."""
-    sel = portal._selectors()
-    week = {r["tenant"]: r for r in sel.fair_share(user, 7, now=at)}
+    week = {r["tenant"]: r for r in selectors.fair_share(user, 7, now=at)}
     rows = []
-    for m in sel.fair_share(user, 30, now=at):
+    for m in selectors.fair_share(user, 30, now=at):
         w = week.get(m["tenant"], {})
         rows.append({"tenant": m["tenant"], "name": m["tenant_name"],
                      "entitlement_text": _share(m["entitlement_share"]),
@@ -129,7 +130,7 @@ def _share(x: float | None) -> str:
 
 def quota_rows(user, start: datetime, end: datetime) -> list[dict]:
     """Quotas against live use with the period's preemptions, over-quota first."""
-    preempted = {r["tenant"]: r for r in portal._selectors().preemption_counts(user, start, end)}
+    preempted = {r["tenant"]: r for r in selectors.preemption_counts(user, start, end)}
     rows = [{**r, "preemptions": preempted.get(r["tenant"], {})} for r in portal.quota_rows(user)]
     return sorted(rows, key=lambda r: (not r.get("over_quota"), str(r["tenant"])))
 
@@ -182,8 +183,6 @@ def invoice_export(request, number: str, fmt: str):
 @require_safe
 def usage_export(request):
     """Every tenant's hourly usage in the period as CSV."""
-    from tenancy.exports import usage_csv
-
     start, end = parse_period(request.GET.get("period"), portal.now())
     response = HttpResponse(usage_csv(request.user, start, end), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="usage-{start:%Y-%m}.csv"'
@@ -194,8 +193,6 @@ def usage_export(request):
 
 def _attempt(request, call: Callable, done: str | Callable) -> bool:
     """Run one action; its refusal becomes an error message on the page, not a 500."""
-    from tenancy.billing import BillingError
-
     try:
         result = call()
     except ObjectDoesNotExist as exc:
@@ -214,8 +211,6 @@ def _attempt(request, call: Callable, done: str | Callable) -> bool:
 @require_POST
 def generate(request):
     """Generate (or recompute) the drafts of one tenant (`tenant`=slug) or of every tenant for the period."""
-    from tenancy.billing import do_generate_invoice, run_invoices
-
     at = portal.now()
     start, end = parse_period(request.POST.get("period"), at)
     slug = request.POST.get("tenant", "")
@@ -243,8 +238,6 @@ def _run_summary(out: dict) -> str:
 @require_POST
 def finalize(request, number: str):
     """Make a draft final (numbered and immutable)."""
-    from tenancy.billing import do_finalize_invoice
-
     inv = _invoice(request.user, number)
     done = []
     _attempt(request, lambda: done.append(do_finalize_invoice(inv.id, request.user, now=portal.now())) or done[0],
@@ -258,8 +251,6 @@ def finalize(request, number: str):
 @require_POST
 def correct_line(request, line_id: int):
     """A credit or debit against a final invoice's line; it lands on the tenant's next draft."""
-    from tenancy.billing import do_correct_line
-    from tenancy.models import InvoiceLine
 
     line = InvoiceLine.objects.visible_to(request.user).select_related("invoice").filter(pk=line_id).first()
     if line is None:
@@ -286,24 +277,6 @@ def billing_mode(request, slug: str):
     if mode not in BillingMode.values:
         messages.error(request, f"Billing mode {mode!r} is not one of {', '.join(BillingMode.values)}.")
     else:
-        _attempt(request, lambda: set_billing_mode(tenant, mode, request.user),
+        _attempt(request, lambda: actions.do_set_billing_mode(tenant, mode, actor=request.user),
                  f"{tenant.name} is now on {BillingMode(mode).label.lower()}.")
     return redirect(_page(parse_period(request.POST.get("period"), portal.now())[0]))
-
-
-def set_billing_mode(tenant: Tenant, mode: str, actor) -> Tenant:
-    """tenancy.actions.do_set_billing_mode when it exists; else the same change with its audit entry here."""
-    from tenancy import actions
-
-    action = getattr(actions, "do_set_billing_mode", None)
-    if action is not None:
-        return action(tenant, mode, actor=actor)
-    from alerts.audit import actor_name, do_audit
-
-    with transaction.atomic():
-        previous = Tenant.objects.select_for_update().get(pk=tenant.pk).billing_mode
-        Tenant.objects.filter(pk=tenant.pk).update(billing_mode=mode)
-        do_audit(actor_name(actor), "tenant.billing_mode", "tenant", tenant.slug,
-                 detail={"billing_mode": mode, "previous": previous})
-    tenant.billing_mode = mode
-    return tenant

@@ -7,6 +7,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
+from anomaly.models import Anomaly
 from telemetry import health
 from telemetry.models import Port
 from tenancy.access import operator_required
@@ -28,8 +29,6 @@ def ports_not_ok(now) -> dict:
 def fabric(request):
     """The fabric's matrix, worst links and switch graph (the Dash app loads its own data), and the list of
     ports not OK with the count of open anomalies on fabric ports (the Anomalies page lists them)."""
-    from anomaly.models import Anomaly
-
     return render(request, "fabric.html", {
         "ports": ports_not_ok(timezone.now()),
         "port_anomalies": Anomaly.objects.filter(ended_at=None, entity_kind="port").count(),

@@ -24,8 +24,18 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
+from alerts.models import Alert, AlertState, RemediationAction
+from alerts.selectors import OPEN_STATES, SEVERITY_ORDER, alert_row
+from dashboard.pages.alerts import display_alert
+from dashboard.staticfiles import DASH_ASSET_VERSION
+from telemetry import health as health_model
+from telemetry.models import Allocation, GpuEvent, JobState
+from telemetry.selectors.inventory import gpu_tile, job_key, latest_gpu_rows
+from tenancy import exports, selectors
 from tenancy.access import forbidden_page, tenant_member_required
-from tenancy.models import Invoice, Role, Tenant, UsageHour
+from tenancy.billing import LOST_RULES, UNMEASURED_RULE, BillingError, add_month, load_cards, price_usage, statement
+from tenancy.exports import usage_csv
+from tenancy.models import Invoice, MeteringWatermark, Role, Tenant, UsageHour
 from tenancy.scoping import Scope, scope_for
 
 DAY = timedelta(days=1)
@@ -158,8 +168,6 @@ def invoice_lines(inv: Invoice) -> list[dict]:
 
 def export_response(inv: Invoice, fmt: str) -> HttpResponse:
     """The invoice as a CSV or JSON download (tenancy.exports)."""
-    from tenancy import exports
-
     body, ctype = ((exports.invoice_csv(inv), "text/csv; charset=utf-8") if fmt == "csv"
                    else (exports.invoice_json(inv), "application/json"))
     response = HttpResponse(body, content_type=ctype)
@@ -169,13 +177,6 @@ def export_response(inv: Invoice, fmt: str) -> HttpResponse:
 
 # --- Reads -----------------------------------------------------------------------------------------------
 
-def _selectors():
-    """tenancy.selectors, imported when a page asks (it is written alongside these pages)."""
-    from tenancy import selectors
-
-    return selectors
-
-
 def used_tenants(view, start: datetime, end: datetime) -> list[Tenant]:
     """The tenants `view` sees that have metered usage in [start, end)."""
     ids = UsageHour.objects.visible_to(view).filter(hour__gte=start, hour__lt=end).values("tenant_id")
@@ -184,8 +185,6 @@ def used_tenants(view, start: datetime, end: datetime) -> list[Tenant]:
 
 def priced_total(tenant: Tenant, start: datetime, end: datetime, book=None) -> tuple[Decimal | None, str]:
     """What the tenant's usage in [start, end) costs at its rate cards: (amount, "") or (None, why not)."""
-    from tenancy.billing import BillingError, price_usage
-
     if end <= start:
         return Decimal("0.00"), ""
     try:
@@ -196,8 +195,6 @@ def priced_total(tenant: Tenant, start: datetime, end: datetime, book=None) -> t
 
 def daily_cost(view, days: list[datetime], end: datetime) -> tuple[list[float | None], list[str]]:
     """Cost per day of `days` (UTC midnights, the last one cut at `end`) over every tenant in view."""
-    from tenancy.billing import load_cards
-
     totals: list[Decimal | None] = [Decimal(0)] * len(days)
     problems: list[str] = []
     for tenant in used_tenants(view, days[0], end):
@@ -214,7 +211,7 @@ def daily_cost(view, days: list[datetime], end: datetime) -> tuple[list[float | 
 
 def usage_by_day(view, start: datetime, end: datetime) -> list[dict]:
     """Daily GPU-hours (busy, idle-held, lost) and energy in [start, end), from tenancy.selectors.usage_summary."""
-    rows = _selectors().usage_summary(view, start, end, by=("day",))
+    rows = selectors.usage_summary(view, start, end, by=("day",))
     return sorted(rows, key=lambda r: r["day"])
 
 
@@ -244,7 +241,7 @@ def waste_lines(view, at: datetime) -> list[dict]:
     each with what those hours cost at the rate card in force."""
     end = floor_hour(at)
     start = end - WASTE_DAYS * DAY
-    lines = _selectors().waste_report(view, start, end)
+    lines = selectors.waste_report(view, start, end)
     costs = _waste_costs(view, start, end, {ln["job_id"] for ln in lines})
     return [{"text": str(ln), "kind": ln["kind"], "job_key": ln["job_key"],
              "cost_text": _cost_text(costs.get((ln["job_id"], ln["kind"])), view.tenant.currency)} for ln in lines]
@@ -256,9 +253,7 @@ def _cost_text(amount: Decimal | None, currency: str) -> str:
 
 def _waste_costs(view, start: datetime, end: datetime, job_ids: set[int]) -> dict[tuple[int, str], Decimal]:
     """{(job id, "idle_held" | "lost"): what those hours cost} at each tenant's card in force at `end`."""
-    from tenancy.billing import BillingError, load_cards
-
-    rows = [r for r in _selectors().usage_summary(view, start, end, by=("tenant", "job", "gpu_model", "mig_profile",
+    rows = [r for r in selectors.usage_summary(view, start, end, by=("tenant", "job", "gpu_model", "mig_profile",
                                                                        "qos")) if r["job_id"] in job_ids]
     books, out = {}, {}
     tenants = {t.slug: t for t in Tenant.objects.visible_to(view)}
@@ -283,7 +278,7 @@ def _waste_costs(view, start: datetime, end: datetime, job_ids: set[int]) -> dic
 def quota_rows(view) -> list[dict]:
     """Live allocated GPUs against guaranteed and borrowable, with the bar widths the page draws."""
     rows = []
-    for r in _selectors().quota_usage(view):
+    for r in selectors.quota_usage(view):
         limit = float(r["guaranteed"]) + float(r["borrowable"])
         used = float(r["allocated"])
         rows.append({**r, "used_pct": min(100.0, 100 * used / limit) if limit else 0.0,
@@ -294,7 +289,7 @@ def quota_rows(view) -> list[dict]:
 def job_rows(view, start: datetime, end: datetime) -> list[dict]:
     """The tenant's jobs in [start, end) with busy, idle-held and lost hours (tenancy.selectors.job_efficiency)."""
     rows = []
-    for r in _selectors().job_efficiency(view, start, end):
+    for r in selectors.job_efficiency(view, start, end):
         ranks = r.get("straggler_ranks") or []
         rows.append({**r, "gpu_hours_text": hours(r["gpu_hours"]), "busy_text": hours(r["busy_hours"]),
                      "idle_text": hours(r["idle_held_hours"]), "lost_text": hours(r["lost_hours"]),
@@ -312,12 +307,6 @@ def gpu_health_rows(view, at: datetime) -> dict:
     """The GPUs the tenant's running jobs hold, and those of its jobs that the hardware ended in the last
     RECENT_FAILURES (failed or node failure): per job (count, utilisation, temperature, power, health) and the
     GPUs themselves, unhealthy and faulted ones first, with their open faults."""
-    from django.db.models import Q
-
-    from telemetry import health as health_model
-    from telemetry.models import Allocation, GpuEvent, JobState
-    from telemetry.selectors.inventory import gpu_tile, job_key, latest_gpu_rows
-
     ended_by_failure = Q(job__state__in=(JobState.FAILED, JobState.NODE_FAIL), end__gte=at - RECENT_FAILURES)
     allocs = list(Allocation.objects.visible_to(view).filter(gpu__isnull=False)
                   .filter(Q(end__isnull=True) | ended_by_failure)
@@ -367,9 +356,7 @@ def hardware_events(view, start: datetime, end: datetime) -> list[dict]:
     """The GPU faults that touched the tenant's own jobs in [start, end) (tenancy.selectors, scoped), each with
     what the operators did about it: remediation actions on its node, GPU or job from the fault's first sighting
     until an hour after it cleared, shown by kind, state and time only (their reasons may name other tenants)."""
-    from alerts.models import RemediationAction
-
-    rows = _selectors().job_hardware_events(view, start, end)
+    rows = selectors.job_hardware_events(view, start, end)
     if not rows:
         return []
     targets = Q(pk__in=[])
@@ -390,9 +377,6 @@ def hardware_events(view, start: datetime, end: datetime) -> list[dict]:
 
 def tenant_alerts(view, at: datetime) -> dict:
     """The tenant's open alerts, and those resolved in the last WASTE_DAYS days (labelled tenant=<slug>)."""
-    from alerts.models import Alert, AlertState
-    from alerts.selectors import OPEN_STATES, SEVERITY_ORDER, alert_row
-    from dashboard.pages.alerts import display_alert
 
     scoped = Alert.objects.visible_to(view).select_related("acked_by")
     current = scoped.filter(state__in=OPEN_STATES).order_by("-starts_at")[:200]
@@ -419,8 +403,6 @@ def portal_home(request):
 @tenant_page
 def portal(request, view: TenantView):
     """A tenant's overview: usage and cost per day, waste, quota, this month's spend, the latest invoices."""
-    from dashboard.staticfiles import DASH_ASSET_VERSION
-
     at = now()
     invoices = Invoice.objects.visible_to(view).select_related("tenant").order_by("-period_start", "tenant__name")
     return render(request, "portal/overview.html", _frame(request, view, "overview", **{
@@ -432,8 +414,6 @@ def portal(request, view: TenantView):
 
 
 def _statement_total(tenant: Tenant, start: datetime, end: datetime) -> Decimal | None:
-    from tenancy.billing import BillingError, statement
-
     try:
         return statement(tenant, start, end).total
     except BillingError:
@@ -444,8 +424,6 @@ def month_spent(view, at: datetime) -> dict:
     """This month so far: the total of the tenant's draft invoice for the month, computed by the function that
     writes the draft (tenancy.billing.statement), so the two agree to the cent. Teams and projects under an
     organisation have invoices of their own, summed apart. None where some usage cannot be priced."""
-    from tenancy.billing import add_month
-
     start = month_start(at)
     end = add_month(start)
     own = _statement_total(view.tenant, start, end)
@@ -459,7 +437,7 @@ def month_spent(view, at: datetime) -> dict:
 def week_totals(view, at: datetime) -> dict:
     """GPU-hours of the last 7 days and the idle-held share of them, as the overview's cards show them."""
     end = floor_hour(at)
-    rows = _selectors().usage_summary(view, end - WASTE_DAYS * DAY, end, by=("tenant",))
+    rows = selectors.usage_summary(view, end - WASTE_DAYS * DAY, end, by=("tenant",))
     total = sum((r["gpu_hours"] for r in rows), Decimal(0))
     idle = sum((r["idle_held_hours"] for r in rows), Decimal(0))
     return {"week_hours": hours(total), "idle_share": f"{100 * idle / total:.0f}%" if total else "—"}
@@ -505,8 +483,6 @@ def _invoice(view, number: str) -> Invoice:
 @tenant_page
 def portal_invoice(request, view: TenantView, number: str):
     """One invoice: its lines, each traced to a job, and its exports."""
-    from tenancy.billing import LOST_RULES, UNMEASURED_RULE
-
     inv = _invoice(view, number)
     return render(request, "portal/invoice.html", _frame(
         request, view, "invoices", invoice=invoice_row(inv, _base(view)), lines=invoice_lines(inv),
@@ -523,8 +499,6 @@ def portal_invoice_export(request, view: TenantView, number: str, fmt: str):
 @tenant_page
 def portal_usage_csv(request, view: TenantView):
     """The tenant's hourly usage of the last ?days= days (at most 92) as CSV."""
-    from tenancy.exports import usage_csv
-
     days = request.GET.get("days", "30")
     days = min(int(days), 92) if days.isdigit() and int(days) > 0 else 30
     end = floor_hour(now())
@@ -544,6 +518,4 @@ def portal_health(request, view: TenantView):
 
 def metered_until():
     """Where metering stands: usage is metered per clock hour, once the hour has ended."""
-    from tenancy.models import MeteringWatermark
-
     return MeteringWatermark.objects.filter(name="usage").values_list("metered_until", flat=True).first()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from django import template
 
+from dashboard.pages.portal import root_tenants
+from tenancy.scoping import scope_for
+
 register = template.Library()
 
 
@@ -13,8 +16,6 @@ def nav_scope(context) -> dict:
 
     The header is drawn on every page: a tenant's user must never be shown a link to an operator page.
     """
-    from dashboard.pages.portal import root_tenants
-    from tenancy.scoping import scope_for
 
     request = context.get("request")
     user = getattr(request, "user", None) or context.get("user")

@@ -28,8 +28,11 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
+
+from core.api import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +46,12 @@ REDIS_RETRY_S = 5.0
 REFUSAL_LOG_EVERY_S = 10.0
 
 
-class Refused(Exception):
-    """A request turned away before its work started; the view answers 429."""
+class Refused(ApiError):
+    """A request turned away before its work started: 429 with Retry-After."""
 
     def __init__(self, code: str, message: str, retry_after: int):
-        super().__init__(message)
-        self.code, self.message, self.retry_after = code, message, retry_after
+        super().__init__(429, code, message, headers={"Retry-After": str(retry_after)})
+        self.retry_after = retry_after
 
 
 class Admission:
@@ -210,8 +213,6 @@ class RateLimiter:
     def _take(self, key: str) -> int:
         """One token from `key`'s bucket: 0, or the milliseconds until one is there."""
         if self._script is None:
-            import redis
-
             client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=self.timeout_s,
                                           socket_timeout=self.timeout_s)
             self._script = client.register_script(_LUA_TOKEN_BUCKET)

@@ -7,26 +7,26 @@ from datetime import timedelta
 from django.db import connection
 from django.utils import timezone
 
+from core.api import API_TOKEN_PREFIX, ApiError, ErrorCode
 from telemetry.models import CollectorToken
-from tenancy.models import ApiToken
 
 
-class AuthError(Exception):
-    """Missing credentials (401) or a bad/revoked token (403)."""
+class AuthError(ApiError):
+    """Missing credentials (401, with the ingest realm's challenge) or a bad/revoked token (403)."""
 
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+    def __init__(self, status: int, code: ErrorCode | str, message: str):
+        challenge = {"WWW-Authenticate": 'Bearer realm="breakwater-ingest"'} if status == 401 else None
+        super().__init__(status, code, message, headers=challenge)
 
 
 def authenticate_collector(header: str | None) -> CollectorToken:
     """Return the collector for an `Authorization: Bearer <token>` header, or raise AuthError."""
     if not header:
-        raise AuthError(401, "unauthenticated", "missing Authorization: Bearer <collector token>")
+        raise AuthError(401, ErrorCode.NOT_AUTHENTICATED, "missing Authorization: Bearer <collector token>")
     scheme, _, raw = header.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
-        raise AuthError(401, "unauthenticated", "Authorization must be 'Bearer <collector token>'")
-    if raw.strip().startswith(ApiToken.PREFIX):
+        raise AuthError(401, ErrorCode.NOT_AUTHENTICATED, "Authorization must be 'Bearer <collector token>'")
+    if raw.strip().startswith(API_TOKEN_PREFIX):
         # An API token reads the API; only a collector's credential may write telemetry.
         raise AuthError(403, "api_token", "API tokens cannot ingest; use a collector token")
     token = _lookup(CollectorToken.hash(raw.strip()))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 
+from core.api import ApiError, ErrorCode, api_view
 from telemetry.selectors import gpu_events
-from tenancy.access import api_view
 
 
 @api_view(operator=True)
@@ -14,8 +14,7 @@ def list_events(request: HttpRequest) -> JsonResponse:
     try:
         limit = min(1000, max(1, int(request.GET.get("limit", "100"))))
     except ValueError:
-        return JsonResponse({"error": {"code": "malformed", "message": "limit must be an integer",
-                                       "where": "limit"}}, status=400)
+        raise ApiError(400, ErrorCode.INVALID, "limit must be an integer", where="limit") from None
     events = gpu_events(gpu_uuid=request.GET.get("gpu") or None, kind=request.GET.get("kind") or None,
                         open_only=request.GET.get("open") in ("1", "true"), limit=limit)
     return JsonResponse({"events": events})

@@ -5,15 +5,11 @@ from __future__ import annotations
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
+from core.api import ApiError, ErrorCode, api_view
 from telemetry import health
 from telemetry.models import Gpu, Node, Port
-from tenancy.access import api_view
 
 LIMIT = 1000
-
-
-def _error(message: str, where: str) -> JsonResponse:
-    return JsonResponse({"error": {"code": "malformed", "message": message, "where": where}}, status=400)
 
 
 @api_view(operator=True)
@@ -23,9 +19,10 @@ def fleet_health(request: HttpRequest) -> JsonResponse:
     now = timezone.now()
     kind, state = request.GET.get("kind", ""), request.GET.get("state", "")
     if kind and kind not in ("gpus", "nodes", "ports"):
-        return _error(f"kind must be gpus, nodes or ports, not {kind!r}", "kind")
+        raise ApiError(400, ErrorCode.INVALID, f"kind must be gpus, nodes or ports, not {kind!r}", where="kind")
     if state and state not in health.ORDER:
-        return _error(f"state must be one of {', '.join(health.ORDER)}, not {state!r}", "state")
+        raise ApiError(400, ErrorCode.INVALID, f"state must be one of {', '.join(health.ORDER)}, not {state!r}",
+                       where="state")
     counts = health.fleet_counts(now=now)
     body = {"generated_at": now.isoformat(),
             "counts": {k: {s: counts[k].get(s, 0) for s in health.ORDER} for k in ("gpus", "nodes", "racks")}}

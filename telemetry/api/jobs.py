@@ -19,17 +19,17 @@ import re
 from datetime import UTC, datetime
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, close_old_connections
+from django.db import close_old_connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from telemetry.api.auth import AuthError, authenticate_collector
-from telemetry.api.views import ApiError, _body, _method_guard
+from core.api import collector_endpoint, json_edge
+from telemetry.api.auth import authenticate_collector
+from telemetry.api.views import _body, _method_guard
 from telemetry.ingest.schema import BatchError, _loads, storable_text_problem
 from telemetry.models import JobState
 from telemetry.slurm import parse
 from telemetry.slurm.sync import ENDED, STATES, do_sync_slurm
-from tenancy.access import collector_endpoint
 
 SOURCES = ("slurm",)  # Kubernetes reports through its own watcher (telemetry.k8s)
 MAX_JOBS = 50_000
@@ -203,6 +203,7 @@ def parse_snapshot(doc) -> tuple[list[parse.Job], list[parse.Allocation]]:
 
 
 # --- the view --------------------------------------------------------------------------------------
+@json_edge
 def _handle(request: HttpRequest) -> JsonResponse:
     # A worker thread: check the connection before (a DB restart may have broken it) and after.
     close_old_connections()
@@ -211,17 +212,6 @@ def _handle(request: HttpRequest) -> JsonResponse:
         doc = _loads(_body(request), "")
         jobs, allocations = parse_snapshot(doc)
         result = do_sync_slurm(jobs, allocations, now=datetime.now(UTC), complete=doc.get("complete") is True)
-    except AuthError as exc:
-        headers = {"WWW-Authenticate": 'Bearer realm="breakwater-ingest"'} if exc.status == 401 else {}
-        return ApiError(exc.status, exc.code, exc.message, headers=headers).response()
-    except ApiError as exc:
-        return exc.response()
-    except BatchError as exc:
-        return ApiError(400, exc.code, exc.message, where=exc.where).response()
-    except DatabaseError:
-        return ApiError(
-            503, "unavailable", "the database is unavailable; retry", headers={"Retry-After": "5"}
-        ).response()
     finally:
         close_old_connections()
     return JsonResponse(result)

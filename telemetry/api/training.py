@@ -17,16 +17,16 @@ from datetime import UTC, datetime
 import psycopg
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from core.api import collector_endpoint, json_edge
 from telemetry import live
-from telemetry.api.auth import AuthError, authenticate_collector
-from telemetry.api.views import ApiError, _body, _method_guard
+from telemetry.api.auth import authenticate_collector
+from telemetry.api.views import _body, _method_guard
 from telemetry.ingest.schema import BatchError, TimeParser, _loads, storable_text_problem
 from telemetry.models import Job
-from tenancy.access import collector_endpoint
 
 NUMBERS = ("step_time_s", "compute_time_s", "loss", "grad_norm", "tokens_per_s")
 KEYS = {"rank", "step", "time", "nan_count", "inf_count", *NUMBERS}
@@ -137,27 +137,23 @@ def do_record_training_steps(source: str, external_id: str, rows: list[tuple]) -
     return len(rows)
 
 
+def parse_training(doc, times: TimeParser) -> tuple[str, str, list[tuple]]:
+    """A training body (the module docstring's shape) validated: (scheduler, job id, rows for
+    do_record_training_steps); BatchError naming the field at fault."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+        raise BatchError("$", "expected {\"job\": ..., \"records\": [...]}")
+    source, external = _job_key(doc.get("job"))
+    return source, external, [_record(r, f"$.records[{i}]", times) for i, r in enumerate(doc["records"])]
+
+
+@json_edge
 def _handle(request: HttpRequest) -> JsonResponse:
     close_old_connections()
     try:
         authenticate_collector(request.headers.get("Authorization"))
-        doc = _loads(_body(request), "")
-        if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-            raise BatchError("$", "expected {\"job\": ..., \"records\": [...]}")
-        source, external = _job_key(doc.get("job"))
         times = TimeParser(datetime.now(UTC), settings.INGEST_MAX_FUTURE_SKEW, settings.RETENTION["raw"])
-        rows = [_record(r, f"$.records[{i}]", times) for i, r in enumerate(doc["records"])]
+        source, external, rows = parse_training(_loads(_body(request), ""), times)
         stored = do_record_training_steps(source, external, rows)
-    except AuthError as exc:
-        return ApiError(exc.status, exc.code, exc.message).response()
-    except ApiError as exc:
-        return exc.response()
-    except BatchError as exc:
-        return ApiError(400, exc.code, exc.message, where=exc.where).response()
-    except DatabaseError:
-        return ApiError(
-            503, "unavailable", "the database is unavailable; retry", headers={"Retry-After": "5"}
-        ).response()
     finally:
         close_old_connections()
     return JsonResponse({"stored": stored})

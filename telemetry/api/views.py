@@ -9,60 +9,40 @@ never decoded or parsed, so an overload is shed at the cost of a few microsecond
 
 from __future__ import annotations
 
-import logging
 import zlib
 from datetime import UTC, datetime
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DataError, InterfaceError, OperationalError, close_old_connections
+from django.db import close_old_connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from telemetry.api.admission import Refused, admit
-from telemetry.api.auth import AuthError, authenticate_collector
+from core.api import ApiError, ErrorCode, collector_endpoint, json_edge, method_not_allowed
+from telemetry.api.admission import admit
+from telemetry.api.auth import authenticate_collector
 from telemetry.ingest.exposition import parse_dcgm_exposition
-from telemetry.ingest.schema import BatchError, TimeParser, parse_json, parse_ndjson
+from telemetry.ingest.schema import TimeParser, parse_json, parse_ndjson
 from telemetry.ingest.writer import write_batch
-from tenancy.access import collector_endpoint
 
-log = logging.getLogger(__name__)
 JSON_TYPES = {"application/json", ""}
 NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
-
-
-class ApiError(Exception):
-    """An error answered as {"error": {...}} with an HTTP status."""
-
-    def __init__(self, status: int, code: str, message: str, where: str = "", headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.where = status, code, message, where
-        self.headers = headers or {}
-
-    def response(self) -> JsonResponse:
-        body = {"code": self.code, "message": self.message}
-        if self.where:
-            body["where"] = self.where
-        resp = JsonResponse({"error": body}, status=self.status)
-        for k, v in self.headers.items():
-            resp[k] = v
-        return resp
 
 
 def _body(request: HttpRequest) -> bytes:
     limit = settings.INGEST_MAX_BODY_BYTES
     length = request.META.get("CONTENT_LENGTH") or "0"
     if length.isdigit() and int(length) > limit:
-        raise ApiError(413, "too_large", f"body of {length} bytes exceeds the {limit}-byte limit")
+        raise ApiError(413, ErrorCode.TOO_LARGE, f"body of {length} bytes exceeds the {limit}-byte limit")
     try:
         raw = request.body
     except RequestDataTooBig as exc:
-        raise ApiError(413, "too_large", f"body exceeds the {limit}-byte limit") from exc
+        raise ApiError(413, ErrorCode.TOO_LARGE, f"body exceeds the {limit}-byte limit") from exc
     encoding = request.headers.get("Content-Encoding", "identity").lower().strip()
     if encoding in ("identity", ""):
         return raw
     if encoding not in ("gzip", "x-gzip", "deflate"):
-        raise ApiError(415, "bad_encoding", f"Content-Encoding {encoding!r} is not supported (use gzip)")
+        raise ApiError(415, ErrorCode.BAD_ENCODING, f"Content-Encoding {encoding!r} is not supported (use gzip)")
     return _inflate(raw, encoding, limit)
 
 
@@ -73,9 +53,9 @@ def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     try:
         out = inflater.decompress(raw, limit + 1)
     except zlib.error as exc:
-        raise ApiError(400, "bad_encoding", f"body is not valid {encoding}: {exc}") from exc
+        raise ApiError(400, ErrorCode.BAD_ENCODING, f"body is not valid {encoding}: {exc}") from exc
     if len(out) > limit or inflater.unconsumed_tail:
-        raise ApiError(413, "too_large", f"decompressed body exceeds the {limit}-byte limit")
+        raise ApiError(413, ErrorCode.TOO_LARGE, f"decompressed body exceeds the {limit}-byte limit")
     return out
 
 
@@ -83,40 +63,18 @@ def _times() -> TimeParser:
     return TimeParser(datetime.now(UTC), settings.INGEST_MAX_FUTURE_SKEW, settings.RETENTION["raw"])
 
 
+@json_edge
 def _ingest(request: HttpRequest, fmt: str) -> JsonResponse:
     # This runs in a worker thread, where Django's request signals do not manage the
     # connection: check it before (a DB restart may have broken it) and after (max age).
     close_old_connections()
     try:
-        return _ingest_checked(request, fmt)
-    finally:
-        close_old_connections()
-
-
-def _ingest_checked(request: HttpRequest, fmt: str) -> JsonResponse:
-    try:
         token = authenticate_collector(request.headers.get("Authorization"))
         body = _body(request)
         batch, extra = _parse(request, fmt, body, token.name)
         result = write_batch(batch, collector=token.name, fmt=fmt, body_bytes=len(body))
-    except AuthError as exc:
-        headers = {"WWW-Authenticate": 'Bearer realm="breakwater-ingest"'} if exc.status == 401 else {}
-        return ApiError(exc.status, exc.code, exc.message, headers=headers).response()
-    except ApiError as exc:
-        return exc.response()
-    except BatchError as exc:
-        return ApiError(400, exc.code, exc.message, where=exc.where).response()
-    except DataError as exc:
-        # A value the validator let through but PostgreSQL refuses: retrying cannot fix it, so it is the client's 400.
-        log.warning("ingest batch refused by the database: %s", exc)
-        return ApiError(400, "invalid_value", f"the database refused a value: {str(exc).splitlines()[0]}").response()
-    except (OperationalError, InterfaceError) as exc:
-        # The database went away (restart, failover, lost connection). Nothing was committed; the client
-        # may retry the same batch safely (idempotent). Other database errors are our bugs: they stay 500s.
-        log.warning("ingest write failed, batch not stored: %s", exc)
-        return ApiError(
-            503, "unavailable", "the database is unavailable; retry", headers={"Retry-After": "5"}
-        ).response()
+    finally:
+        close_old_connections()
     return JsonResponse({**result.as_json(), **extra})
 
 
@@ -133,7 +91,7 @@ def _parse(request: HttpRequest, fmt: str, body: bytes, collector: str):
         return parse_json(body, times), {}
     raise ApiError(
         415,
-        "bad_content_type",
+        ErrorCode.BAD_CONTENT_TYPE,
         f"Content-Type {ctype!r} is not accepted (application/json or application/x-ndjson)",
     )
 
@@ -141,16 +99,12 @@ def _parse(request: HttpRequest, fmt: str, body: bytes, collector: str):
 async def _admitted(request: HttpRequest, fmt: str) -> JsonResponse:
     try:
         return await admit(request.headers.get("Authorization"), _ingest, request, fmt)
-    except Refused as exc:
-        return ApiError(429, exc.code, exc.message, headers={"Retry-After": str(exc.retry_after)}).response()
+    except ApiError as exc:  # admission's Refused: 429 with Retry-After
+        return exc.response()
 
 
 def _method_guard(request: HttpRequest) -> JsonResponse | None:
-    if request.method != "POST":
-        resp = ApiError(405, "method_not_allowed", "use POST").response()
-        resp["Allow"] = "POST"
-        return resp
-    return None
+    return method_not_allowed(request, ("POST",)).response() if request.method != "POST" else None
 
 
 @collector_endpoint

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
+from telemetry.actions import EventIn
 from telemetry.ingest.schema import Batch, Frame
 
 _CACHE: dict[str, dict] = {"node": {}, "gpu": {}, "mig": {}, "port": {}, "switch": {}, "power": {}}
@@ -261,8 +262,6 @@ def _bus_key(bus_id: str) -> str:
 
 def resolve_events(self: Resolver, batch: Batch) -> list:
     """Fault events with their GPU ids; an event for a GPU nobody knows is rejected and counted."""
-    from telemetry.actions import EventIn
-
     by_uuid = [e for e in batch.events if e["gpu_uuid"]]
     if by_uuid:
         frame = Frame("gpu", len(by_uuid), {"host": [e["host"] for e in by_uuid],

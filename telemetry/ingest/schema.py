@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
+from core.api import ApiError, ErrorCode
 from telemetry.fields import KINDS
 
 # The largest finite float4: a "real" field beyond it would overflow when COPYed (psycopg raises).
@@ -48,14 +49,14 @@ IDENTITY_INT_RANGE = (0, 32767)
 RECORD_COMMON = {"time", "fields", "extra", "kind"}
 
 
-class BatchError(ValueError):
-    """A malformed batch: `where` names the line or JSON path, `message` the problem."""
+class BatchError(ApiError, ValueError):
+    """A malformed batch (the API's 400): `where` names the line or JSON path, `message` the problem."""
 
-    def __init__(self, where: str, message: str, *, code: str = "malformed"):
-        super().__init__(f"{where}: {message}" if where else message)
-        self.where = where
-        self.message = message
-        self.code = code
+    def __init__(self, where: str, message: str, *, code: ErrorCode | str = ErrorCode.MALFORMED):
+        super().__init__(400, code, message, where=where)
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}" if self.where else self.message
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from functools import lru_cache
 import psycopg
 from django.db import connection, transaction
 
+from telemetry import signals
 from telemetry.actions import do_clear_gpu_resets, do_record_gpu_events
 from telemetry.fields import KINDS
 from telemetry.ingest import copybin
@@ -323,9 +324,9 @@ def _write_events(batch: Batch, resolver: Resolver, faults: list) -> dict[str, i
 
 
 def _schedule_publish() -> None:
-    from alerts.actions import schedule_evaluation  # late import: telemetry must not need alerts to load
     from telemetry import live  # late import: live pulls in the channel layer
 
     live.schedule_fleet_publish()
-    # Alert rules are evaluated on ingest, not on a slow poll (debounced to one queued run in alerts.actions).
-    transaction.on_commit(schedule_evaluation)
+    # Alert rules are evaluated on ingest, not on a slow poll (alerts.apps connects the evaluation's debounced
+    # scheduler to this signal).
+    transaction.on_commit(lambda: signals.fleet_changed.send(sender=__name__))

@@ -7,6 +7,8 @@ import secrets
 
 from django.db import models
 
+from core.api import COLLECTOR_TOKEN_PREFIX
+
 
 class CollectorToken(models.Model):
     """A per-collector ingest credential; only its SHA-256 is stored."""
@@ -18,7 +20,7 @@ class CollectorToken(models.Model):
     last_used = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
-    TOKEN_PREFIX = "bwc_"
+    TOKEN_PREFIX = COLLECTOR_TOKEN_PREFIX
 
     @staticmethod
     def hash(raw: str) -> str:

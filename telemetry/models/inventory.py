@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
-from tenancy.scoping import ScopedQuerySet
+from core.scoping import ScopedQuerySet
 
 
 class HealthState(models.TextChoices):
@@ -118,7 +118,7 @@ class NvlinkDomain(models.Model):
 class Node(models.Model):
     """A GPU server. A node seen in telemetry before it is placed has no rack (unplaced)."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     hostname = models.CharField(max_length=253, unique=True)
     rack = models.ForeignKey(
@@ -157,7 +157,7 @@ class Node(models.Model):
 class Gpu(models.Model):
     """A physical GPU, identified by its UUID wherever it moves."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     uuid = models.CharField(max_length=64, unique=True)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpus")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from tenancy.scoping import ScopedQuerySet
+from core.scoping import ScopedQuerySet
 
 
 class JobState(models.TextChoices):
@@ -34,7 +34,7 @@ class JobState(models.TextChoices):
 class Job(models.Model):
     """A scheduler job (Slurm job or Kubernetes pod), keyed by its scheduler's own id."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     class Source(models.TextChoices):
         SLURM = "slurm", "Slurm"
@@ -77,7 +77,7 @@ class Job(models.Model):
 class Allocation(models.Model):
     """The attribution ledger: job ↔ node ↔ GPU over [start, end). Open while end is null."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
     node = models.ForeignKey("telemetry.Node", on_delete=models.PROTECT, related_name="allocations")
@@ -112,7 +112,7 @@ class Allocation(models.Model):
 class JobStateChange(models.Model):
     """A job's state history: preemptions, requeues, completion."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="history")
     time = models.DateTimeField()

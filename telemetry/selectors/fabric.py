@@ -20,20 +20,19 @@ Everything returned is JSON-able: ISO 8601 strings for times, floats or None for
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
+from core.db import cursor_without_jit
+from core.time import iso_utc
 from telemetry import health
 from telemetry.fields import COUNTER, KINDS
 from telemetry.health import health_fields
 from telemetry.models import Link, Port, Rack, Switch
 from telemetry.rollups import floor_bucket
-from telemetry.selectors.fleet import iso_utc
 
 MINUTE = timedelta(minutes=1)
 # A bucket's rate is read once the rollup beat (every 30 s) has run after the bucket ended.
@@ -96,20 +95,6 @@ def rate_join(kind: str, fields: tuple[str, ...], entity: str, alias: str) -> st
         f"LEFT JOIN LATERAL (SELECT bucket, {cols} FROM {spec.rollup_table('1m')}"
         f" WHERE {ent} = {entity} AND bucket = %(rate_bucket)s LIMIT 1) {alias} ON true"
     )
-
-
-@contextmanager
-def cursor_without_jit() -> Iterator:
-    """A cursor whose statements are not JIT-compiled.
-
-    Statements that join ~16k entities to their rollup rows cross PostgreSQL's JIT cost
-    thresholds, and compiling them takes longer (~0.8 s) than running them; as in
-    `telemetry.rollups`, each is a fresh query, so the compiled code is never reused. Inside a
-    caller's transaction the setting lasts until that transaction ends.
-    """
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SET LOCAL jit = off")
-        yield cur
 
 
 def window_params(now: datetime) -> dict:

@@ -11,16 +11,19 @@ hypertables, and every count, mean and sum is computed by PostgreSQL. Three smal
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 import psycopg
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from core.time import iso_utc
 from telemetry import health
 from telemetry.fields import KINDS
 from telemetry.models import GpuEvent, IngestBatch
+from telemetry.xid import SEVERITIES, describe, effective_action
 
 INGEST_WINDOW = timedelta(seconds=60)
 
@@ -61,7 +64,6 @@ def fleet_summary(now: datetime | None = None) -> dict:
         ingest = _ingest_rate(cursor, now)
         newest = _newest_sample(cursor, now)
         faults = _open_faults(cursor)
-    from anomaly.selectors import fleet_anomalies  # anomaly's selectors are its public reads
     from telemetry.selectors.power import power_overview  # power imports this module
 
     facility = power_overview(now)
@@ -74,11 +76,18 @@ def fleet_summary(now: datetime | None = None) -> dict:
         "ingest": ingest,
         "newest_sample": newest,
         "faults": {**faults, "newest": gpu_events(limit=NEWEST_EVENTS)},
-        "anomalies": fleet_anomalies(limit=NEWEST_EVENTS, failed_gpu_ids=failed),
+        **{name: section(now, failed) for name, section in _SECTIONS.items()},
     }
 
 
 NEWEST_EVENTS = 8
+# Parts of the summary that apps above telemetry compute (anomaly's "anomalies"), added from their ready():
+# name -> section(now, ids of the GPUs the health model calls failed).
+_SECTIONS: dict[str, Callable[[datetime, tuple[int, ...]], dict]] = {}
+
+
+def register_fleet_section(name: str, section: Callable[[datetime, tuple[int, ...]], dict]) -> None:
+    _SECTIONS[name] = section
 
 # Open fault events per (kind, code): few distinct pairs however many events, and the partial
 # index gpu_event_open_idx (WHERE cleared_at IS NULL) holds exactly these rows.
@@ -90,8 +99,6 @@ WHERE cleared_at IS NULL GROUP BY kind, code
 
 def _open_faults(cursor) -> dict:
     """Open fault events by the XID catalogue's severity, and how many GPUs have one."""
-    from telemetry.xid import SEVERITIES, describe
-
     cursor.execute(_OPEN_FAULTS_SQL)
     by_severity = dict.fromkeys(reversed(SEVERITIES), 0)
     total = 0
@@ -145,10 +152,6 @@ def _newest_sample(cursor, now: datetime) -> dict:
     return {"time": iso_utc(newest), "age_s": (now - newest).total_seconds()}
 
 
-def iso_utc(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat()
-
-
 def latest_values(kind: str, fields: list[str] | tuple[str, ...]) -> list[tuple]:
     """`(entity_id, time, *fields)` for every entity of `kind`, from its last-value table.
 
@@ -170,8 +173,6 @@ def latest_values(kind: str, fields: list[str] | tuple[str, ...]) -> list[tuple]
 def gpu_events(*, gpu_uuid: str | None = None, kind: str | None = None, open_only: bool = False,
                limit: int = 100) -> list[dict]:
     """Fault events newest first, each with the XID catalogue's meaning and recommended action."""
-    from telemetry.xid import describe, effective_action
-
     qs = GpuEvent.objects.select_related("gpu__node").order_by("-last_seen")
     if gpu_uuid:
         qs = qs.filter(gpu__uuid=gpu_uuid)

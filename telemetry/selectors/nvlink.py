@@ -17,10 +17,11 @@ from datetime import UTC, datetime
 
 from django.utils import timezone
 
+from core.db import cursor_without_jit
 from telemetry import health
 from telemetry.fields import KINDS
 from telemetry.models import Gpu, Node, NvlinkDomain, Rack
-from telemetry.selectors.fabric import cursor_without_jit, rate_join, window_params
+from telemetry.selectors.fabric import rate_join, window_params
 
 ERROR_COUNTERS = (
     "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors",

@@ -23,12 +23,12 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.utils import timezone
 
+from core.db import cursor_without_jit
+from core.time import iso_utc
 from telemetry import health
 from telemetry.fields import KINDS
 from telemetry.models import Gpu, Hall, Node, PowerDevice, Rack, Row, Site
 from telemetry.rollups import INTERVALS, floor_bucket
-from telemetry.selectors.fabric import cursor_without_jit
-from telemetry.selectors.fleet import iso_utc
 
 # PUE is read from rollups only, chosen by span like `telemetry.series`, but switching to 1 h
 # sooner: every point sums ~550 devices (PDUs and loops at 16k GPUs), so a week of 1-minute

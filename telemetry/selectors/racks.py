@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -74,13 +75,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("ecc_rate", "ECC errors, last hour", "errors/h", "continuous", 0, 10, slow=True),
     Metric("throttle", "Throttle reason", "", "categorical", 0, len(THROTTLE_LABELS) - 1),
     Metric("xid_events", "XID events, last 24 h", "events", "continuous", 0, 10, slow=True),
-    Metric("anomaly_score", "Anomaly score", "", "continuous", 0, 1, slow=True),
-    Metric("failure_risk", "Failure risk, next 24 h", "%", "continuous", 0, 100, slow=True),
-)}
+)}  # and the metrics of the apps above telemetry (register_gpu_metric: anomaly's scores)
 DEFAULT_METRIC = "health"
 SLOW_REFRESH_S = 30.0
-_NOT_YET = {"anomaly_score": "No scores yet: anomaly scoring has not run on this cluster.",
-            "failure_risk": "No risk scores yet: no failure model is active (manage.py train_models)."}
 
 _GPU_1M = KINDS["gpu"].rollup_table("1m")
 
@@ -306,20 +303,6 @@ def _xid_last_day(now: datetime):
         return {gpu_id: int(n) for gpu_id, n in cur.fetchall()}, None
 
 
-def _scores(column: str, scale: float):
-    def read(now: datetime):
-        from anomaly.selectors import gpu_scores, has_scores
-
-        if not has_scores(column):
-            return {}, _NOT_YET[column]
-        out = {g: round(v * scale, 3) for g, v in gpu_scores(column).items()}
-        if column == "failure_risk":
-            # A failed GPU's risk is not a forecast: it has failed.
-            out.update({g: 100.0 for g, _, _, state, _ in health.gpu_states(now=now) if state == "failed"})
-        return out, None
-    return read
-
-
 _READERS = {
     "health": _health,
     "gpu_util": _latest("gpu_util"),
@@ -330,9 +313,16 @@ _READERS = {
     "ecc_rate": _ecc_last_hour,
     "throttle": _latest("throttle_reasons", lambda mask: _throttle_category(int(mask))),
     "xid_events": _xid_last_day,
-    "anomaly_score": _scores("anomaly_score", 1.0),
-    "failure_risk": _scores("failure_risk", 100.0),
 }
+
+
+def register_gpu_metric(metric: Metric, reader: Callable[[datetime], tuple[dict, str | None]]) -> None:
+    """Add a per-GPU heatmap metric that an app above telemetry computes (anomaly's scores, from its ready()).
+
+    `reader(now)` answers ({gpu id: value}, None), or ({}, why there is nothing yet).
+    """
+    METRICS[metric.name] = metric
+    _READERS[metric.name] = reader
 
 
 class SlowCache:

@@ -17,9 +17,9 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.utils import timezone
 
+from core.time import iso_utc
 from telemetry.health import FAILING_EVENT_KINDS, RESET_OR_RMA_XIDS
 from telemetry.models import Gpu, GpuEvent, GpuEventKind, Node, Rack
-from telemetry.selectors.fleet import iso_utc
 from telemetry.selectors.names import gpu_name
 from telemetry.xid import describe
 

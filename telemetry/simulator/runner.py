@@ -25,20 +25,13 @@ from datetime import UTC, datetime
 
 from tqdm import tqdm
 
-from telemetry.simulator.client import INGEST_PATH, IngestClient, Summary
+from telemetry.simulator.client import IngestClient, Summary
 from telemetry.simulator.dynamics import Cluster, Tick
 
 MAX_EVENT_LINES = 5
 TRAINING_PATH = "/api/v1/training"
 JOBS_PATH = "/api/v1/jobs"
 MAX_JOB_BACKLOG = 360  # job snapshots kept while the server cannot take them: an hour at 10 s
-
-
-def training_client(server: str, token: str, **kwargs) -> IngestClient:
-    """An `IngestClient` that posts to the training-metrics endpoint instead of ingest."""
-    client = IngestClient(server, token, **kwargs)
-    client.path = client.path.removesuffix(INGEST_PATH) + TRAINING_PATH
-    return client
 
 
 class ServerUnavailable(RuntimeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from tenancy.scoping import ScopedQuerySet
+from core.scoping import ScopedQuerySet
 
 MONEY = {"max_digits": 14, "decimal_places": 2}
 PRICE = {"max_digits": 14, "decimal_places": 6}
@@ -15,7 +15,7 @@ QTY = {"max_digits": 20, "decimal_places": 6}
 class RateCard(models.Model):
     """Prices in force from `effective_from` until the next card's start; a tenant's own card beats the default."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     name = models.CharField(max_length=100)
     tenant = models.ForeignKey("tenancy.Tenant", null=True, blank=True, on_delete=models.PROTECT,
@@ -48,7 +48,7 @@ class RateCard(models.Model):
 class RatePrice(models.Model):
     """Price per GPU-hour for a GPU model, MIG profile and priority class (empty fields match anything)."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     card = models.ForeignKey(RateCard, on_delete=models.CASCADE, related_name="prices")
     gpu_model = models.CharField(max_length=128, blank=True)
@@ -73,7 +73,7 @@ class InvoiceState(models.TextChoices):
 class Invoice(models.Model):
     """A tenant's bill (or showback statement) for one billing period."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="invoices")
     number = models.CharField(max_length=40, unique=True)
@@ -116,7 +116,7 @@ class LineKind(models.TextChoices):
 class InvoiceLine(models.Model):
     """One charge, traced to its job; corrections to a final invoice are credit/debit lines on a later one."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     kind = models.CharField(max_length=10, choices=LineKind.choices)

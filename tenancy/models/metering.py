@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from tenancy.scoping import ScopedQuerySet
+from core.scoping import ScopedQuerySet
 
 HOURS = {"max_digits": 20, "decimal_places": 6}
 
@@ -13,7 +13,7 @@ HOURS = {"max_digits": 20, "decimal_places": 6}
 class UsageHour(models.Model):
     """One job's usage of one GPU model / MIG profile in one clock hour. Decimal, so sums are exact."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     hour = models.DateTimeField(help_text="Start of the clock hour (UTC)")
     tenant = models.ForeignKey("tenancy.Tenant", null=True, blank=True, on_delete=models.PROTECT,

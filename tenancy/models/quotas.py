@@ -5,13 +5,13 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from tenancy.scoping import ScopedQuerySet
+from core.scoping import ScopedQuerySet
 
 
 class Quota(models.Model):
     """Guaranteed and borrowable GPUs of one model (and MIG profile; empty = whole GPUs) for a tenant."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.CASCADE, related_name="quotas")
     gpu_model = models.CharField(max_length=128, blank=True, help_text="Empty: any model")

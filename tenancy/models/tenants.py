@@ -9,7 +9,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from tenancy.scoping import ScopedQuerySet
+from core.api import API_TOKEN_PREFIX
+from core.scoping import ScopedQuerySet
 
 
 class TenantKind(models.TextChoices):
@@ -37,7 +38,7 @@ class LostHoursPolicy(models.TextChoices):
 class Tenant(models.Model):
     """A customer of the cluster: an organisation, or a team or project inside one."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     name = models.CharField(max_length=128, unique=True)
     slug = models.SlugField(max_length=64, unique=True, help_text="Used in URLs and as the alert label 'tenant'")
@@ -75,7 +76,7 @@ class AccountKind(models.TextChoices):
 class TenantAccount(models.Model):
     """A Slurm account or Kubernetes namespace whose jobs belong to a tenant (jobs carry no tenant label)."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="accounts")
     kind = models.CharField(max_length=8, choices=AccountKind.choices)
@@ -103,7 +104,7 @@ class Role(models.TextChoices):
 class Membership(models.Model):
     """A user's role in one tenant; an operator membership has no tenant (the whole cluster)."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="memberships")
@@ -128,7 +129,7 @@ class Membership(models.Model):
 class ApiToken(models.Model):
     """A bearer token for the API: scoped to one tenant, or an operator token (tenant empty)."""
 
-    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (tenancy.scoping)
+    objects = ScopedQuerySet.as_manager()  # .visible_to(user): tenant scoping (core.scoping, rules in tenancy.scoping)
 
     name = models.CharField(max_length=100)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
@@ -142,7 +143,7 @@ class ApiToken(models.Model):
     last_used = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
-    PREFIX = "bwt_"
+    PREFIX = API_TOKEN_PREFIX
 
     @staticmethod
     def hash(raw: str) -> str:

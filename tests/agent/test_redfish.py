@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 from telemetry.agent.redfish import KWH_TO_J, RedfishClient, RedfishError, collect
 from tests.agent.redfish_server import redfish_server  # noqa: F401 (pytest fixture)
+from tests.procs import free_port
 
 
 def _json(path):
@@ -198,9 +198,7 @@ def test_wrong_credentials_in_collect_is_problem(redfish_server, power_dir):  # 
 
 
 def test_closed_port_raises_redfish_error():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with pytest.raises(RedfishError, match=f"127.0.0.1:{port}/redfish/v1: connection failed"):
         RedfishClient(f"http://127.0.0.1:{port}", timeout=2).get("/redfish/v1")
 

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from alerts.receiver import Receiver
-
-REPO = Path(__file__).resolve().parents[2]
+from tests import procs
 
 
 @pytest.fixture
@@ -23,52 +18,25 @@ def receiver():
         yield rec
 
 
-class WorkerProcess:
-    """`celery worker` as a child process on the test database and the test queue; killable with SIGKILL."""
+class WorkerProcess(procs.Child):
+    """`celery worker` (solo pool) as a child process on the test database and the test queue; killable with
+    SIGKILL (`kill()`). Its output is in its log (`tail()`, `failure()`)."""
 
     def __init__(self, env: dict):
-        self.env = env
-        self.proc: subprocess.Popen | None = None
+        name = f"bwtest-{os.getpid()}-{time.monotonic_ns()}@%h"
+        super().__init__("worker", procs.worker_argv(env["CELERY_QUEUE"], name, solo=True), env)
 
-    def start(self) -> None:
-        celery = str(Path(sys.executable).parent / "celery")
-        self.proc = subprocess.Popen(
-            [celery, "-A", "dashboard", "worker", "--pool", "solo", "--concurrency", "1", "-Q",
-             self.env["CELERY_QUEUE"], "--without-heartbeat", "--without-gossip", "--without-mingle",
-             "-n", f"bwtest-{os.getpid()}-{time.monotonic_ns()}@%h", "--loglevel", "WARNING"],
-            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-
-    def kill(self) -> None:
-        """SIGKILL: the worker dies mid-task with nothing acknowledged."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+    def stop(self, timeout: float = 15.0) -> None:
+        super().stop(timeout)
 
 
 @pytest.fixture
 def celery_worker_process(django_db_setup, django_db_blocker):
     """Factory: start real worker processes against the test database; all are stopped afterwards.
     The test queue is purged first."""
-    from urllib.parse import quote
-
-    from django.conf import settings
-
     from dashboard.celery import app
 
-    db = settings.DATABASES["default"]
-    url = f"postgresql://{quote(db['USER'])}:{quote(db['PASSWORD'])}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "0", "LOG_LEVEL": "WARNING",
-           "CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE}
+    env = procs.child_env()
     workers: list[WorkerProcess] = []
     app.control.purge()  # leftovers of an earlier run (other ids, other database) must not run here
 

@@ -10,9 +10,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from alerts.models import AgentCommand, AuditEntry, RemediationAction
+from alerts.models import AgentCommand, RemediationAction
 from alerts.remediation.actions import do_approve_action, do_request_action
 from alerts.remediation.executor import execute
+from core.models import AuditEntry
 from telemetry.actions import do_create_collector_token
 from telemetry.agent.commands import CommandChannel
 from telemetry.agent.pusher import Pusher

@@ -8,7 +8,8 @@ import json
 import pytest
 from django.test import Client
 
-from alerts.models import ActionState, Alert, AuditEntry, Notification, Rule, Silence
+from alerts.models import ActionState, Alert, Notification, Rule, Silence
+from core.models import AuditEntry
 from tests.alerts import test_pages
 
 data = test_pages.data  # the page tests' fixture: the same alerts, rules, channels, actions and audit entries
@@ -145,8 +146,8 @@ def test_rule_create_with_bad_input_is_400_naming_the_field(op, data, body, fiel
 
 
 def test_rule_write_with_a_body_that_is_not_a_json_object_is_400(op, data):
-    error(send(op, "post", "/rules", "{not json"), 400, "bad_json")
-    error(send(op, "post", "/rules", "[1, 2]"), 400, "bad_json")
+    error(send(op, "post", "/rules", "{not json"), 400, "malformed")
+    error(send(op, "post", "/rules", "[1, 2]"), 400, "malformed")
     err = error(send(op, "put", f"/rules/{data['rule'].pk}", {"kind": "xid"}), 400, "invalid")
     assert err["field"] == "name"
 

@@ -11,7 +11,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from alerts.lifecycle import Observation, do_apply_observations
-from alerts.models import ActionState, Alert, AuditEntry, Rule, Silence
+from alerts.models import ActionState, Alert, Rule, Silence
+from core.models import AuditEntry
 from tests.alerts.test_pages import make_action, make_alert
 from tests.conftest import save_screenshot
 

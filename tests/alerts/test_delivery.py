@@ -21,8 +21,9 @@ from alerts.delivery import (
     retry_delay,
     sweep_outbox,
 )
-from alerts.models import AuditEntry, Channel, DeliveryAttempt, Notification
+from alerts.models import Channel, DeliveryAttempt, Notification
 from alerts.receiver import Behaviour
+from core.models import AuditEntry
 from tests.alerts.test_transports import GENIE_KEY, ROUTING_KEY, make_notification
 
 CLAIM_TIMEOUT_S = 3
@@ -47,7 +48,7 @@ def wait_until_delivered(notification: Notification, receiver, worker, timeout: 
     deadline = time.monotonic() + timeout
     while (row := reload(notification)).status != "delivered":
         if worker.proc.poll() is not None:
-            pytest.fail(f"the worker exited ({worker.proc.returncode}): {worker.proc.stderr.read().decode()[-2000:]}")
+            pytest.fail(worker.failure(2000))
         assert time.monotonic() < deadline, (
             f"not delivered: status {row.status}, attempts {attempt_log(row)}, {len(receiver.requests)} request(s)")
         time.sleep(0.2)

@@ -7,9 +7,10 @@ from datetime import timedelta
 
 import pytest
 
-from alerts.models import AuditEntry, Silence
+from alerts.models import Silence
 from alerts.remediation.actions import do_approve_action, do_request_action
 from alerts.remediation.executor import execute
+from core.models import AuditEntry
 from telemetry.models import Node
 from tests.alerts.remediation_helpers import FIXED_NOW, build_fleet, rail
 

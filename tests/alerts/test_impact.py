@@ -10,9 +10,10 @@ from datetime import timedelta
 
 import pytest
 
-from alerts.models import ActionState, AuditEntry, RemediationAction
+from alerts.models import ActionState, RemediationAction
 from alerts.remediation.actions import do_request_action
 from alerts.remediation.impact import action_impact, confirm_token, confirmed, impact_of
+from core.models import AuditEntry
 from dashboard.pages import alerts as page
 from telemetry.models import Allocation, GpuEvent, Job
 from tenancy.models import Tenant, TenantAccount

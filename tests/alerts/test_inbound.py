@@ -85,7 +85,7 @@ def test_resent_alert_merges_and_resolved_alert_resolves(post):
 
 def test_missing_token_is_401_and_bad_token_403(post):
     resp = post(_payload(_alert()), auth=None)
-    assert resp.status_code == 401 and resp.json()["error"]["code"] == "unauthenticated"
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "not_authenticated"
     assert resp["WWW-Authenticate"].startswith("Bearer")
     resp = post(_payload(_alert()), auth="Bearer not-a-token")
     assert resp.status_code == 403 and resp.json()["error"]["code"] == "bad_token"
@@ -152,7 +152,7 @@ def test_bad_field_is_400_naming_it_and_nothing_is_written(post, mutate, where):
 
 def test_bad_json_and_non_object_body_are_400(post):
     resp = post("{not json")
-    assert resp.status_code == 400 and resp.json()["error"]["code"] == "bad_json"
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "malformed"
     resp = post([1, 2])
     assert resp.status_code == 400 and resp.json()["error"]["message"] == "(body): must be a JSON object"
     assert not Alert.objects.exists()

@@ -32,7 +32,8 @@ from alerts.lifecycle import (
     do_unack_alert,
 )
 from alerts.matching import fingerprint
-from alerts.models import Alert, AlertEvent, AlertSource, AlertState, AuditEntry, Rule, RuleKind
+from alerts.models import Alert, AlertEvent, AlertSource, AlertState, Rule, RuleKind
+from core.models import AuditEntry
 from tests.conftest import FIXED_NOW
 
 T0 = FIXED_NOW

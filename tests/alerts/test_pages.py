@@ -16,7 +16,6 @@ from alerts.models import (
     ActionState,
     Alert,
     AlertEvent,
-    AuditEntry,
     Channel,
     DeliveryAttempt,
     InhibitRule,
@@ -26,6 +25,7 @@ from alerts.models import (
     Rule,
     Silence,
 )
+from core.models import AuditEntry
 from dashboard.pages import alerts as page
 from tests.conftest import FIXED_NOW
 
@@ -520,10 +520,10 @@ def test_audit_page_offers_no_edit_or_delete_and_refuses_post(operator, data):
 def test_audit_admin_is_read_only_even_for_a_superuser(client, django_user_model, data):
     client.force_login(django_user_model.objects.create_superuser("root", password="pw-root-1"))
     entry = AuditEntry.objects.first()
-    assert client.get("/admin/alerts/auditentry/").status_code == 200
-    assert client.get("/admin/alerts/auditentry/add/").status_code == 403
-    view = html(client.get(f"/admin/alerts/auditentry/{entry.pk}/change/"))
+    assert client.get("/admin/core/auditentry/").status_code == 200
+    assert client.get("/admin/core/auditentry/add/").status_code == 403
+    view = html(client.get(f"/admin/core/auditentry/{entry.pk}/change/"))
     assert 'name="_save"' not in view and "deletelink" not in view
-    assert client.post(f"/admin/alerts/auditentry/{entry.pk}/change/", {"actor": "mallory"}).status_code == 403
-    assert client.get(f"/admin/alerts/auditentry/{entry.pk}/delete/").status_code == 403
+    assert client.post(f"/admin/core/auditentry/{entry.pk}/change/", {"actor": "mallory"}).status_code == 403
+    assert client.get(f"/admin/core/auditentry/{entry.pk}/delete/").status_code == 403
     assert AuditEntry.objects.get(pk=entry.pk).actor == entry.actor

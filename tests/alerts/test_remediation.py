@@ -11,13 +11,14 @@ import pytest
 from django.db import DatabaseError, connections, transaction
 
 from alerts import live
-from alerts.audit import do_audit
-from alerts.models import AuditEntry, Channel, GuardRail, Notification, Playbook, RemediationAction, Rule
+from alerts.models import Channel, GuardRail, Notification, Playbook, RemediationAction, Rule
 from alerts.remediation.actions import ActionError, do_approve_action, do_reject_action, do_request_action
 from alerts.remediation.defaults import install_default_playbooks
 from alerts.remediation.executor import execute
 from alerts.remediation.playbooks import run_playbooks_for_alerts
 from anomaly.models import ModelVersion
+from core.audit import do_audit
+from core.models import AuditEntry
 from telemetry.models import SAMPLE_MODELS, Node
 from tests.alerts import remediation_helpers as helpers
 from tests.alerts.remediation_helpers import FIXED_NOW, build_fleet, make_alert, rail
@@ -302,7 +303,7 @@ def test_auto_action_runs_on_a_real_celery_worker(celery_worker_process):
         time.sleep(0.3)
     if action.state != "succeeded":
         worker.stop()
-        pytest.fail(f"action {action.state}; worker said: {worker.proc.stderr.read().decode()[-2000:]}")
+        pytest.fail(f"action {action.state}; worker said: {worker.tail(2000)}")
     assert action.verified is True
     assert Node.objects.get(hostname="gpu-node-00").state == "drained"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from alerts.receiver import Behaviour
 from alerts.transports import TransportError
 from tests.alerts.smtp_server import SmtpServer
 from tests.conftest import FIXED_NOW
+from tests.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTING_KEY = "R0UT1NGK3Y0123456789abcdefABCDEF"  # PagerDuty integration keys are 32 characters
@@ -157,9 +157,7 @@ def test_slack_webhook_url_is_not_in_the_stored_request(receiver):
 
 @pytest.mark.django_db
 def test_unreachable_host_is_retried():
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     result = send(make_notification("slack", {"url": f"http://127.0.0.1:{port}/slack"}))
     assert result.outcome == "retry" and "cannot reach Slack" in result.error
 
@@ -502,9 +500,7 @@ def test_email_temporary_refusal_is_retried():
 
 @pytest.mark.django_db
 def test_email_unreachable_server_is_retried():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     n = make_notification("email", {"to": ["oncall@example.com"]})
     with override_settings(EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend", EMAIL_HOST="127.0.0.1",
                            EMAIL_PORT=port):

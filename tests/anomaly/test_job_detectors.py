@@ -24,7 +24,7 @@ from anomaly.detectors.training import (
 from anomaly.jobs import KINDS, job_findings
 from anomaly.models import Anomaly
 from telemetry.api.jobs import parse_snapshot
-from telemetry.api.training import _record, do_record_training_steps
+from telemetry.api.training import do_record_training_steps, parse_training
 from telemetry.ingest.schema import TimeParser
 from telemetry.models import SAMPLE_MODELS, Allocation, Gpu, Job, Node, TrainingStep
 from telemetry.simulator.dynamics import Cluster
@@ -432,8 +432,7 @@ def _ingest(tick) -> None:
         do_sync_slurm(jobs, allocations, now=tick.time, complete=tick.jobs.get("complete") is True)
     times = TimeParser(tick.time, settings.INGEST_MAX_FUTURE_SKEW, settings.RETENTION["raw"])
     for body in (*tick.steps, *tick.training):
-        source, _, external = body["job"].partition(":")
-        rows = [_record(r, f"$.records[{i}]", times) for i, r in enumerate(body["records"])]
+        source, external, rows = parse_training(body, times)
         do_record_training_steps(source, external, rows)
 
 

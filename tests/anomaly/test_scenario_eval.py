@@ -10,9 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from anomaly.models import Anomaly
-from anomaly.scoring import score_fleet
-from anomaly.simulation import (
+from anomaly.evaluation.simulation import (
     Every,
     FaultLog,
     FaultWatch,
@@ -23,6 +21,8 @@ from anomaly.simulation import (
     quiet_precision,
     truth_targets,
 )
+from anomaly.models import Anomaly
+from anomaly.scoring import score_fleet
 from telemetry.models import Job, Port, TrainingStep
 from telemetry.simulator.dynamics import Cluster
 from telemetry.simulator.scenarios import ScenarioSet, parse_spec
@@ -314,9 +314,9 @@ def test_command_prints_a_table_and_the_result_line():
 
 
 def test_the_result_verdict_judges_every_target_of_what_ran():
-    from anomaly.groundtruth import Precision
-    from anomaly.management.commands.scenario_eval import QuietRun, _overall
-    from anomaly.simulation import Outcome
+    from alerts.management.commands.scenario_eval import QuietRun, _overall
+    from anomaly.evaluation.groundtruth import Precision
+    from anomaly.evaluation.simulation import Outcome
 
     t = FIXED_NOW
 

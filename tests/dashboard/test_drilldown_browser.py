@@ -114,7 +114,9 @@ def test_gpu_plot_shows_known_points_and_appends_live(asgi_server, browser_page,
     assert page.locator("#bw-events tbody tr").count() == 1
     assert page.locator("a[href='/jobs/slurm:4242/']").count() == 2  # the current job and the ledger
     page.wait_for_selector("#bw-conn[data-state=live]", timeout=10_000)
-    page.wait_for_function("BW.seriesState().tag > 0 && BW.seriesState().ready", timeout=10_000)
+    # The drawn window is the one the page follows live (its subscription went out once it was drawn).
+    page.wait_for_function("document.getElementById('bw-series-page').dataset.following === 'gpu_temp/15m'",
+                           timeout=10_000)
 
     # One new sample through the ingest API is appended, alone, without a reload.
     at = datetime.now(UTC)
@@ -186,10 +188,16 @@ def test_heatmap_cell_click_opens_the_gpu_page(asgi_server, browser_page, cluste
     _login(page, asgi_server, "/racks/")
     page.wait_for_function("window.BW && BW.heatmapStats && BW.heatmapStats.renderedAt !== null", timeout=15_000)
     hm = "document.querySelector('#heatmap .js-plotly-plot')"
-    x, y = page.evaluate(f"""(() => {{ const g = BW.heatmapState().payload.grid.gpus, i = g.uuid.indexOf('{GPU_2}');
-        const gd = {hm}, fl = gd._fullLayout, box = gd.getBoundingClientRect();
-        return [fl.xaxis._offset + fl.xaxis.l2p(g.x[i]) + box.left, fl.yaxis._offset + fl.yaxis.l2p(g.y[i]) + box.top];
+    # The cell whose tooltip names GPU_2, exactly one.
+    at = page.evaluate(f"""(() => {{ const gd = {hm}, fl = gd._fullLayout, box = gd.getBoundingClientRect(), hits = [];
+        gd.data[0].text.forEach((r, row) => r.forEach((t, col) => {{
+            if (t && t.split('<br>').includes('{GPU_2}')) hits.push([row, col]); }}));
+        if (hits.length !== 1) return null;
+        const [row, col] = hits[0];
+        return [fl.xaxis._offset + fl.xaxis.l2p(col) + box.left, fl.yaxis._offset + fl.yaxis.l2p(row) + box.top];
     }})()""")
+    assert at, f"no single cell names {GPU_2}"
+    x, y = at
     page.mouse.click(x, y)
     page.wait_for_url(f"**/gpus/{GPU_2}/", timeout=10_000)
     assert page.text_content("#bw-gpu-uuid") == GPU_2

@@ -107,7 +107,7 @@ def test_fabric_shows_a_congested_uplink_in_matrix_and_graph_and_follows_ingest(
     # Congestion mode: the uplink's cell carries its rate, the top of the scale and a marker.
     page.click("#fabric-metric")
     page.click("text=Congestion (PortXmitWait) (ticks/s)")
-    page.wait_for_function("BW.fabricState().metric === 'congestion' && BW.fabricState().ready.matrix", timeout=10_000)
+    page.wait_for_function("document.getElementById('bw-fabric-page').dataset.metric === 'congestion'", timeout=10_000)
     page.wait_for_function(f"{GD}.data[0].customdata[0][1].includes('ticks/s')", timeout=10_000)
     tip = page.evaluate(f"{GD}.data[0].customdata[0][1]")
     assert "leaf-a ↔ spine-2" in tip and "300.0 k ticks/s" in tip and "link state: congested" in tip

@@ -102,6 +102,28 @@ def nvlink_readings(uuid: str, host: str, index: int, start: datetime, recoverie
     return out
 
 
+# JS: [row, col] of the grid's top-left GPU cell (the first cell with a colour value, row by row).
+_TOP_CELL = """(() => {{ const z = {gd}.data[0].z;
+    for (let y = 0; y < z.length; y++) for (let x = 0; x < z[y].length; x++) if (z[y][x] !== null) return [y, x];
+    return null; }})()"""
+
+
+def _cell_xy(page, gd: str, cell: list[int]) -> list[float]:
+    """Page coordinates of a grid cell's centre."""
+    y, x = cell
+    return page.evaluate(f"""(() => {{ const gd = {gd}, fl = gd._fullLayout, r = gd.getBoundingClientRect();
+        return [fl.xaxis._offset + fl.xaxis.l2p({x}) + r.left, fl.yaxis._offset + fl.yaxis.l2p({y}) + r.top]; }})()""")
+
+
+def _hover(page, gd: str, cell: list[int], names: str) -> str:
+    """Hover a grid cell, as a person would; the tooltip's text once it names `names`."""
+    page.mouse.move(0, 0)  # off the grid first: the tooltip is hidden, then filled for this cell alone
+    page.mouse.move(*_cell_xy(page, gd, cell))
+    page.wait_for_function("t => { const b = document.getElementById('nvlink-tip'); "
+                           "return b && !b.hidden && b.textContent.includes(t); }", arg=names, timeout=5_000)
+    return page.text_content("#nvlink-tip")
+
+
 def test_nvlink_page_puts_the_domain_in_error_first(asgi_server, browser_page, cluster):
     # nvl72-r02-01 (named after nvd-gpu-0001) has a link recovering every minute; gpu-0001's GPUs are clean.
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=4)
@@ -120,13 +142,18 @@ def test_nvlink_page_puts_the_domain_in_error_first(asgi_server, browser_page, c
     first_row = page.get_attribute("#nvlink-errors tr[data-domain]", "data-domain")
     assert first_row == "nvl72-r02-01"
     assert "gb-0001 · GPU 0" in page.text_content("#nvlink-errors")
-    # In the grid the domain in error comes first: its GPU sits above every other GPU, outlined.
-    order = page.evaluate("""(() => { const s = BW.nvlinkState(), st = s.payload.static;
-        const top = s.pos.reduce((best, p, i) => p && (best < 0 || p[0] < s.pos[best][0]) ? i : best, -1);
-        return { errors: s.groups.errors.map(d => st.domains[d].name), ok: s.groups.ok.map(d => st.domains[d].name),
-                 top: st.uuid[top] }; })()""")
-    assert order == {"errors": ["nvl72-r02-01"], "ok": ["nvd-gpu-0001"], "top": GB_UUID}
+    # In the grid the domain in error comes first: the grid's labels, top to bottom, name it under
+    # "In error" and the OK domain under "OK"; its GPU sits above every other GPU (the hover at the
+    # end shows the top-left cell is GB_UUID's), outlined.
     gd = "document.querySelector('#nvlink-grid .js-plotly-plot')"
+    bands = page.evaluate(f"""(() => {{ const out = {{}}; let band = null;
+        {gd}.layout.annotations.slice().sort((a, b) => a.y - b.y || a.x - b.x).forEach(a => {{
+            if (a.yanchor === 'middle') {{ band = /<b>(.*?)<\\/b>/.exec(a.text)[1]; out[band] = []; }}
+            else if (band) out[band].push(a.text); }});
+        return out; }})()""")
+    assert list(bands)[:2] == ["In error", "OK"], bands
+    assert bands["In error"] == ["nvl72-r02-01"] and bands["OK"] == ["nvd-gpu-0001"], bands
+    top = page.evaluate(_TOP_CELL.format(gd=gd))
     assert page.evaluate(f"{gd}.layout.shapes.length") == 1
     assert "In error" in page.evaluate(f"{gd}.layout.annotations.map(a => a.text).join(' ')")
     page.wait_for_selector("#bw-conn[data-state=live]", timeout=10_000)
@@ -136,25 +163,26 @@ def test_nvlink_page_puts_the_domain_in_error_first(asgi_server, browser_page, c
     # Colour by throughput; a new reading through the ingest API recolours that one cell in place.
     page.click("#nvlink-metric")
     page.click("text=Throughput, TX + RX (GB/s)")
-    page.wait_for_function("BW.nvlinkState().metric === 'throughput'", timeout=5_000)
+    page.wait_for_function("document.getElementById('bw-nvlink-page').dataset.metric === 'throughput'", timeout=5_000)
+    assert page.evaluate(_TOP_CELL.format(gd=gd)) == top  # recoloured, not rearranged
     builds, applied = page.evaluate("[BW.nvlinkStats.builds, BW.nvlinkStats.applied]")
     post(asgi_server, cluster, {"gpus": [{"host": "gpu-0001", "uuid": N1_UUIDS[2], "index": 2,
                                           "time": datetime.now(UTC).isoformat(),
                                           "fields": {"nvlink_tx_bps": 1.0e10, "nvlink_rx_bps": 1.0e10}}]})
     page.wait_for_function(f"BW.nvlinkStats.applied > {applied} && BW.nvlinkStats.lastCells === 1", timeout=5_000)
-    cell = page.evaluate(f"""(() => {{ const s = BW.nvlinkState();
-        const p = s.pos[s.payload.static.uuid.indexOf('{N1_UUIDS[2]}')];
-        return {gd}.data[0].z[p[0]][p[1]]; }})()""")
-    assert cell == pytest.approx(20.0)  # GB/s, TX + RX
+    # One cell now reads 20 GB/s (TX + RX), and its tooltip names that GPU.
+    cells = page.evaluate(f"""(() => {{ const hits = [];
+        {gd}.data[0].z.forEach((r, y) => r.forEach((v, x) => {{
+            if (v !== null && Math.abs(v - 20) < 1e-6) hits.push([y, x]); }}));
+        return hits; }})()""")
+    assert len(cells) == 1, cells
     assert page.evaluate("BW.nvlinkStats.builds") == builds  # patched, not redrawn
+    tip = _hover(page, gd, cells[0], N1_UUIDS[2])
+    assert "TX 10 GB/s" in tip and "RX 10 GB/s" in tip, tip
 
-    # Hover the GPU in error: host, GPU, uuid and each counter's rate with its unit.
-    y, x = page.evaluate(f"BW.nvlinkState().pos[BW.nvlinkState().payload.static.uuid.indexOf('{GB_UUID}')]")
-    px, py = page.evaluate(f"""(() => {{ const gd = {gd}, fl = gd._fullLayout, r = gd.getBoundingClientRect();
-        return [fl.xaxis._offset + fl.xaxis.l2p({x}) + r.left, fl.yaxis._offset + fl.yaxis.l2p({y}) + r.top]; }})()""")
-    page.mouse.move(px, py)
-    page.wait_for_selector("#nvlink-tip:not([hidden])", timeout=5_000)
-    tip = page.text_content("#nvlink-tip")
+    # Hover the top-left GPU, the one in error: host, GPU, uuid and each counter's rate with its unit.
+    px, py = _cell_xy(page, gd, top)
+    tip = _hover(page, gd, top, GB_UUID)
     for part in ("gb-0001 · GPU 0", GB_UUID, "nvl72-r02-01", "In error", "Recoveries 0.033 errors/s", "TX 20 GB/s"):
         assert part in tip, (part, tip)
     # Click: the GPU's page.

@@ -55,9 +55,10 @@ GD = "document.querySelector('#heatmap .js-plotly-plot')"
 
 
 def _cell_js(uuid: str) -> str:
-    """JS expression: [row, col] of `uuid`'s cell, from the page's own grid."""
-    return (f"(() => {{ const g = BW.heatmapState().payload.grid.gpus; const i = g.uuid.indexOf('{uuid}');"
-            f" return [g.y[i], g.x[i]]; }})()")
+    """JS expression: [row, col] of the one cell whose tooltip names `uuid` (null unless exactly one)."""
+    return (f"(() => {{ const hits = []; {GD}.data[0].text.forEach((r, y) => r.forEach((t, x) => {{"
+            f" if (t && t.split('<br>').includes('{uuid}')) hits.push([y, x]); }}));"
+            f" return hits.length === 1 ? hits[0] : null; }})()")
 
 
 def test_heatmap_has_a_cell_per_gpu_and_follows_ingest_live(asgi_server, browser_page):
@@ -83,7 +84,9 @@ def test_heatmap_has_a_cell_per_gpu_and_follows_ingest_live(asgi_server, browser
     # A new value through the ingest API reaches that cell, and its tooltip, without a reload.
     applied = page.evaluate("BW.heatmapStats.applied")
     _push(asgi_server, token, "gpu-0005", [40.0, 40.0, 40.0, 93.5, 40.0, 40.0, 40.0, 40.0])
-    row, col = page.evaluate(_cell_js("GPU-gpu-0005-3"))
+    cell = page.evaluate(_cell_js("GPU-gpu-0005-3"))
+    assert cell, "no single cell names GPU-gpu-0005-3"
+    row, col = cell
     page.wait_for_function(f"{GD}.data[0].customdata[{row}][{col}].includes('93.5 °C')", timeout=5_000)
     assert page.evaluate("BW.heatmapStats.applied") > applied
     assert page.evaluate("BW.heatmapStats.lastCells") == 1  # the push carried the change only

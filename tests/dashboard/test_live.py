@@ -17,6 +17,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 
+from core.redis_client import fast_client
 from telemetry import live
 from tests.dashboard.conftest import ws_communicator
 from tests.dashboard.test_fleet_page import (  # noqa: F401  (fixtures are used by name)
@@ -176,7 +177,7 @@ def test_schedule_does_not_publish_on_rollback():
 
 
 def test_publish_failure_is_logged_not_raised_and_does_not_stall_ingest(monkeypatch, caplog):
-    monkeypatch.setattr(live, "_redis", live.fast_client("redis://127.0.0.1:1/0"))  # nothing listens
+    monkeypatch.setattr(live, "_redis", fast_client("redis://127.0.0.1:1/0"))  # nothing listens
 
     started = time.monotonic()
     with caplog.at_level(logging.ERROR, logger="telemetry.live"):

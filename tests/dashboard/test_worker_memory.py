@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 from dashboard.celery import _trim_after_task
-
-REPO = Path(__file__).resolve().parents[2]
+from tests import procs
 
 PROBE = r"""
 import sys
@@ -81,23 +80,19 @@ def test_pool_children_inherit_the_scientific_stack_before_their_first_task():
     compiled modules are already mapped in them (inherited from the parent), so a child's first scoring
     pass adds no import of its own."""
     queue = f"bw-test-preload-{os.getpid()}-{time.monotonic_ns()}"
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "celery"), "-A", "dashboard", "worker", "--concurrency", "2", "-Q", queue,
-         "--without-heartbeat", "--without-gossip", "--without-mingle", "-n", f"{queue}@%h", "-l", "WARNING"],
-        cwd=REPO, env={**os.environ, "LOG_LEVEL": "WARNING"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    worker = procs.Child("worker", procs.worker_argv(queue, f"{queue}@%h", concurrency=2, heartbeat=False),
+                         {**os.environ, "LOG_LEVEL": "WARNING"}).start()
+
+    def pool_children() -> list[int] | None:
+        kids = _children(worker.pid)
+        return kids if len(kids) >= 2 else None
+
     try:
-        deadline = time.monotonic() + 60
-        while len(kids := _children(proc.pid)) < 2:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the worker started no pool children within 60 s"
-            time.sleep(0.2)
-        assert _maps_sklearn(proc.pid)
+        kids = worker.wait_until(pool_children, "two pool children", timeout=60, interval=0.2)
+        assert _maps_sklearn(worker.pid)
         assert all(_maps_sklearn(k) for k in kids), kids
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
+        worker.stop(timeout=30)
 
 
 def test_a_finished_task_leaves_no_logged_queries_behind(db):

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from alerts.receiver import Receiver
-from tests.reliability.stack import Service, Stack
+from tests.procs import Child
+from tests.reliability.stack import Stack
 
 PASSWORD = "correct-horse-battery"
 HOOK_SECRET = "fault-test-signing-secret"
@@ -53,7 +54,7 @@ def fault_stack(fault_receiver):
                                                 secret=HOOK_SECRET))
         s.token = s.seed["token"]
         s.checkpoint()
-        s.asgi.wait()
+        s.asgi.wait_port(timeout=60)
         s.timings["stack_total_s"] = time.monotonic() - t0
         print(f"\nfault-test stack ready: {s.timings}")  # noqa: T201 - the measured start-up
         yield s
@@ -64,17 +65,17 @@ def fault_stack(fault_receiver):
 
 
 @pytest.fixture(scope="session")
-def fault_daphne(fault_stack) -> Service:
+def fault_daphne(fault_stack) -> Child:
     """The ASGI server on the private stack, with production's persistent connections (DB_CONN_MAX_AGE unset):
     the case where a restart leaves every pooled connection broken. One process for the whole session."""
-    assert fault_stack.asgi.alive(), fault_stack.asgi.log_text()[-3000:]
+    assert fault_stack.asgi.alive(), fault_stack.asgi.tail()
     return fault_stack.asgi
 
 
 @pytest.fixture(scope="session")
-def fault_worker(fault_stack) -> Service:
+def fault_worker(fault_stack) -> Child:
     """The session's Celery worker, once it consumes."""
-    fault_stack.worker.wait_for_log("ready.", timeout=60)
+    fault_stack.worker.wait_log("ready.", timeout=60)
     return fault_stack.worker
 
 

@@ -1,4 +1,5 @@
-"""Several Breakwater processes on loopback for the reliability tests: daphne servers and Celery workers.
+"""Several Breakwater processes on loopback for the reliability tests: daphne servers and Celery workers
+(started, logged, awaited and stopped by tests/procs.py, the harness of every test and bench).
 
 They run against the test database, the test Celery queue and the test channel prefix (tests/conftest.py
 exports both per TEST_DB_SUFFIX), as production runs several of each against one database and one Redis.
@@ -13,16 +14,13 @@ transaction, after the slice's rows are written and before the commit, with the 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-from dashboard.celery import app  # noqa: F401  (`celery -A tests.reliability.procs` finds the app here)
+from dashboard.celery import app  # `celery -A tests.reliability.procs` finds the app here
+from tests import procs as harness
+from tests.procs import child_env  # noqa: F401  (the tests take the children's environment from here)
 
-REPO = Path(__file__).resolve().parents[2]
+APP = "tests.reliability.procs"  # this module, as the workers' `-A`
 # "<rollup>:<slice>:<seconds>": sleep `seconds` inside slice number `slice` (from 1) of that rollup.
 PAUSE_ENV = "BW_TEST_PAUSE_IN_ROLLUP_SLICE"
 
@@ -48,59 +46,15 @@ if os.environ.get(PAUSE_ENV):
     _install_rollup_pause(os.environ[PAUSE_ENV])
 
 
-# --- Processes --------------------------------------------------------------------------------------------
+# --- Processes (tests/procs.py's harness: command lines, logs, readiness, process-group kill) ----------------
 
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a child process: the test database, queue and channel prefix of this run."""
-    from urllib.parse import quote
-
-    from django.conf import settings
-
-    db = settings.DATABASES["default"]
-    url = f"postgresql://{quote(db['USER'])}:{quote(db['PASSWORD'])}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    return {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "0", "LOG_LEVEL": "WARNING",
-            "CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
-            "BREAKWATER_CHANNEL_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"], **extra}
-
-
-class Worker:
-    """One `celery worker` (solo pool, one task at a time) on the test queue; killable with SIGKILL."""
+class Worker(harness.Child):
+    """One `celery worker` (solo pool, one task at a time) on the test queue, with this module as its app;
+    killable with SIGKILL. `name` is its Celery node name (what `wait_ready` pings)."""
 
     def __init__(self, env: dict[str, str], label: str):
-        self.env = env
-        self.name = f"bwrel-{os.getpid()}-{label}-{time.monotonic_ns()}@localhost"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Worker:
-        celery = str(Path(sys.executable).parent / "celery")
-        self.proc = subprocess.Popen(
-            [celery, "-A", "tests.reliability.procs", "worker", "--pool", "solo", "--concurrency", "1",
-             "-Q", self.env["CELERY_QUEUE"], "--without-heartbeat", "--without-gossip", "--without-mingle",
-             "-n", self.name, "--loglevel", "WARNING"],
-            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-        )
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: the worker dies mid-task with nothing acknowledged and no cleanup."""
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def failure(self) -> str:
-        """Why the worker is gone (its stderr), for an assertion message."""
-        return f"worker {self.name} exited ({self.proc.returncode}): {self.proc.stderr.read().decode()[-2000:]}"
+        name = f"bwrel-{os.getpid()}-{label}-{time.monotonic_ns()}@localhost"
+        super().__init__(name, harness.worker_argv(env["CELERY_QUEUE"], name, app=APP, solo=True), env)
 
 
 def wait_ready(workers: list[Worker], timeout: float = 60.0) -> None:
@@ -115,44 +69,16 @@ def wait_ready(workers: list[Worker], timeout: float = 60.0) -> None:
         assert time.monotonic() < deadline, f"workers not up within {timeout:.0f} s: {sorted(waiting)}"
 
 
-class Server:
-    """One daphne serving the project on a free loopback port (tests.conftest.AsgiServer, but started without
-    waiting, so several start side by side, and with a deadline that fits a loaded CI machine)."""
+class Server(harness.Child):
+    """One daphne serving the project on a free loopback port (as tests.conftest.AsgiServer, but started
+    without waiting, so several start side by side, and with a deadline that fits a loaded CI machine)."""
 
     def __init__(self, env: dict[str, str]):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.env = env
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Server:
-        daphne = str(Path(sys.executable).parent / "daphne")
-        self.proc = subprocess.Popen(
-            [daphne, "-b", "127.0.0.1", "-p", str(self.port), "dashboard.asgi:application"],
-            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-        )
-        return self
+        port = harness.free_port()
+        super().__init__("daphne", harness.daphne_argv(port), env, port=port)
 
     def wait_listening(self, deadline: float) -> None:
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                assert self.proc.poll() is None, f"daphne exited: {self.proc.stderr.read().decode()[-3000:]}"
-                assert time.monotonic() < deadline, f"daphne on port {self.port} did not start in time"
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        self.wait_port(timeout=max(0.1, deadline - time.monotonic()))
 
 
 def start_all(servers: list[Server], workers: list[Worker], timeout: float = 120.0) -> None:
@@ -165,18 +91,7 @@ def start_all(servers: list[Server], workers: list[Worker], timeout: float = 120
     wait_ready(workers, timeout=max(1.0, deadline - time.monotonic()))
 
 
-def stop_all(processes: list) -> None:
-    """SIGTERM every process at once, then wait (SIGKILL after 10 s): stopping them one by one adds up."""
-    running = [p for p in processes if p.proc and p.proc.poll() is None]
-    for p in running:
-        os.killpg(p.proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for p in running:
-        try:
-            p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.proc.pid, signal.SIGKILL)
-            p.proc.wait(timeout=10)
+stop_all = harness.stop_all  # SIGTERM to every process group at once, then wait (SIGKILL after 10 s)
 
 
 def queue_length() -> int:

@@ -3,8 +3,9 @@
 It runs the production process set against a database the caller prepared, and watches it:
 
 1. Start daphne, a Celery worker (prefork, two children, as `./dev up`), Celery beat with a fresh schedule file
-   and `manage.py simulate` on the caller's cluster size and interval. Every process gets the caller's queue and
-   channel prefix, so nothing reaches (or takes work from) another Breakwater on the same Redis.
+   and `manage.py simulate` on the caller's cluster size and interval (tests/procs.py's command lines and
+   process handling). Every process gets the caller's queue and channel prefix, so nothing reaches (or takes
+   work from) another Breakwater on the same Redis.
 2. After the simulator's first tick, send every periodic task once (training aside) so that each code path has
    run before the warm-up ends: a first run that fills a cache is not a leak. Then open the websocket clients,
    all in one asyncio loop (aiohttp), subscribed as the fleet, heatmap and job pages subscribe. With
@@ -27,18 +28,16 @@ import bisect
 import json
 import os
 import re
-import signal
 import statistics
-import subprocess
-import sys
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from tests.procs import Child, beat_argv, daphne_argv, free_port, simulator_argv, stop_all, worker_argv
+
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 TICK_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT[0-9:.]+(?:Z|[+-]\d\d:\d\d)) gpus=")
 HEATMAP_METRICS = ("gpu_util", "gpu_temp", "power_w", "memory_temp", "fb_used")
 # Roles whose memory the verdict judges; "redis" here is the bytes of our own keys, not the shared server.
@@ -100,107 +99,48 @@ class SoakConfig:
 
 # --- processes ---------------------------------------------------------------------------------------------
 
-class Proc:
-    """One child process in a session of its own (so a Celery worker's pool goes with it), logging to a file."""
-
-    def __init__(self, name: str, cmd: list[str], env: dict, log_dir: Path, pipe_stdout: bool = False):
-        self.name = name
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"soak-{name}.log"
-        self.log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE if pipe_stdout else self.log, stderr=self.log,
-            start_new_session=True, text=pipe_stdout, bufsize=1 if pipe_stdout else -1,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def check(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); the end of {self.log_path}:\n"
-                               + self.log_path.read_text()[-3000:])
-
-    def terminate(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self.log.close()
-
-
-def wait_for_port(port: int, proc: Proc, timeout: float = 60.0) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            proc.check()
-            time.sleep(0.1)
-    raise RuntimeError(f"{proc.name} did not listen on {port} within {timeout:.0f} s")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_processes(cfg: SoakConfig, run_dir: Path) -> tuple[dict[str, Proc], str]:
-    """daphne, worker, beat and the simulator, in that order; returns them and the server's URL."""
+def start_processes(cfg: SoakConfig, run_dir: Path,
+                    on_simulator_line: Callable[[str, float], None]) -> tuple[dict[str, Child], str]:
+    """daphne, worker, beat and the simulator, in that order, each in a process group of its own (a Celery
+    worker's pool goes with it) and logging to `cfg.log_dir`/soak-<name>.log; the simulator's stdout lines go
+    to `on_simulator_line` as they arrive (and to its log). Returns the processes and the server's host:port."""
     env = {**os.environ, "DATABASE_URL": cfg.database_url, "CELERY_QUEUE": cfg.queue,
            "BREAKWATER_CHANNEL_PREFIX": cfg.channel_prefix, "DEBUG": "false", "LOG_LEVEL": "WARNING",
            "PYTHONUNBUFFERED": "1"}
     port = free_port()
-    procs: dict[str, Proc] = {}
+    procs: dict[str, Child] = {}
+
+    def start(name: str, argv: list[str], **kwargs) -> Child:
+        procs[name] = Child(name, argv, env, log=cfg.log_dir / f"soak-{name}.log", **kwargs).start()
+        return procs[name]
+
     try:
-        procs["daphne"] = Proc("daphne", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                                          "dashboard.asgi:application"], env, cfg.log_dir)
-        procs["worker"] = Proc("worker", [str(BIN / "celery"), "-A", "dashboard", "worker", "-l", "info",
-                                          "--concurrency", "2", "-Q", cfg.queue, "-n", f"soak-{os.getpid()}@%h",
-                                          "--without-gossip", "--without-mingle"], env, cfg.log_dir)
+        daphne = start("daphne", daphne_argv(port), port=port)
+        start("worker", worker_argv(cfg.queue, f"soak-{os.getpid()}@%h", concurrency=2, loglevel="info"))
         schedule = run_dir / "celerybeat-schedule"
         for old in run_dir.glob("celerybeat-schedule*"):
             old.unlink()
-        procs["beat"] = Proc("beat", [str(BIN / "celery"), "-A", "dashboard", "beat", "-l", "info",
-                                      "-s", str(schedule)], env, cfg.log_dir)
-        wait_for_port(port, procs["daphne"])
+        start("beat", beat_argv(schedule, loglevel="info"))
+        daphne.wait_port(timeout=60)
         token_file = run_dir / "simulator_token"
         token_file.write_text(cfg.token)
         token_file.chmod(0o600)
-        sim = [sys.executable, "manage.py", "simulate", "--server", f"http://127.0.0.1:{port}",
-               "--token-file", str(token_file), "--gpus", str(cfg.gpus), "--interval", f"{cfg.interval_s:g}"]
+        sim = simulator_argv(daphne.url, "--token-file", str(token_file), "--gpus", str(cfg.gpus),
+                             "--interval", f"{cfg.interval_s:g}")
         for s in cfg.scenarios:
             sim += ["--scenario", s]
-        procs["simulator"] = Proc("simulator", sim, env, cfg.log_dir, pipe_stdout=True)
+        start("simulator", sim, on_stdout=on_simulator_line)
     except BaseException:
         stop_processes(procs)
         raise
     return procs, f"127.0.0.1:{port}"
 
 
-def stop_processes(procs: dict[str, Proc]) -> None:
+def stop_processes(procs: dict[str, Child]) -> None:
     # The simulator first, so no batch is cut off by its server going away; the rest together.
     if "simulator" in procs:
-        procs["simulator"].stop()
-    rest = [p for name, p in procs.items() if name != "simulator"]
-    for p in rest:
-        p.terminate()
-    for p in rest:
-        p.stop()
+        procs["simulator"].stop(timeout=20)
+    stop_all([p for name, p in procs.items() if name != "simulator"], timeout=20)
 
 
 def kick_periodic_tasks(queue: str) -> list[str]:
@@ -269,27 +209,22 @@ class ModelWarmup:
         return max(planned, self.ready_at + (0.0 if self.gave_up else self.cfg.models_settle_s))
 
 
-class TickReader(threading.Thread):
-    """Reads the simulator's output: one line per tick starting with its sample time."""
+class TickReader:
+    """Reads the simulator's output, fed line by line as it arrives (`start_processes`' `on_simulator_line`):
+    one line per tick starting with its sample time."""
 
-    def __init__(self, proc: Proc):
-        super().__init__(daemon=True)
-        self.proc = proc
+    def __init__(self):
         self.ticks: list[tuple[float, float]] = []  # (sample time, when its line arrived), epoch seconds
         self.skipped = 0
         self.errors = 0
 
-    def run(self) -> None:
-        for line in self.proc.proc.stdout:
-            arrived = time.time()
-            self.proc.log.write(line)
-            self.proc.log.flush()
-            if m := TICK_LINE.match(line):
-                self.ticks.append((datetime.fromisoformat(m.group(1)).timestamp(), arrived))
-            elif "skipping" in line:
-                self.skipped += int(re.search(r"skipping (\d+)", line).group(1))
-            elif line.lstrip().startswith("error:"):
-                self.errors += 1
+    def feed(self, line: str, arrived: float) -> None:
+        if m := TICK_LINE.match(line):
+            self.ticks.append((datetime.fromisoformat(m.group(1)).timestamp(), arrived))
+        elif "skipping" in line:
+            self.skipped += int(re.search(r"skipping (\d+)", line).group(1))
+        elif line.lstrip().startswith("error:"):
+            self.errors += 1
 
 
 # --- memory ------------------------------------------------------------------------------------------------
@@ -463,7 +398,7 @@ _ROLLUP_SQL = ("SELECT extract(epoch FROM now() - min(done_until))::float8 FROM 
 class Sampler:
     """Memory, queue and rollup figures every `sample_s`, and each finished tick's commits."""
 
-    def __init__(self, cfg: SoakConfig, procs: dict[str, Proc], reader: TickReader):
+    def __init__(self, cfg: SoakConfig, procs: dict[str, Child], reader: TickReader):
         import psycopg
         import redis
 
@@ -674,11 +609,10 @@ def verdict(tol: Tolerance, rows: list[dict]) -> dict:
 def run_soak(cfg: SoakConfig, run_dir: Path) -> dict:
     """Start everything, wait for the first tick, open the clients, soak, stop; returns `summarise()`'s report."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    procs, host = start_processes(cfg, run_dir)
+    reader = TickReader()
+    procs, host = start_processes(cfg, run_dir, reader.feed)
     sampler = None
     try:
-        reader = TickReader(procs["simulator"])
-        reader.start()
         deadline = time.monotonic() + max(300.0, 10 * cfg.interval_s)
         while not reader.ticks:
             for p in procs.values():
@@ -702,7 +636,7 @@ def run_soak(cfg: SoakConfig, run_dir: Path) -> dict:
             "ticks": sampler.ticks, "start": start, "end": end}
 
 
-async def _soak(cfg: SoakConfig, host: str, procs: dict[str, Proc], sampler: Sampler,
+async def _soak(cfg: SoakConfig, host: str, procs: dict[str, Child], sampler: Sampler,
                 clients: list[Client]) -> tuple[float, float]:
     import aiohttp
 

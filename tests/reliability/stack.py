@@ -6,6 +6,7 @@ Everything is torn down by `Stack.close()`, which the session fixture calls even
 
 Every process writes its log to a file in the stack directory, never to a pipe: while a service is down the
 product logs a warning per request, and a pipe nobody reads would fill and stall the process under test.
+Ports, command lines, logs, readiness and stopping are tests/procs.py's (the harness of every test and bench).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,9 +23,10 @@ from pathlib import Path
 import psycopg
 import redis
 
+from tests.procs import Child, daphne_argv, free_port, stop_all, worker_argv
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-BIN = Path(sys.executable).parent
 
 
 def pg_bin() -> Path:
@@ -35,29 +35,6 @@ def pg_bin() -> Path:
     if not versions:
         raise RuntimeError("no PostgreSQL under /usr/lib/postgresql; run ./dev setup")
     return versions[-1] / "bin"
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 30.0,
-                  log: Path | None = None) -> None:
-    """Block until something accepts on 127.0.0.1:port; fail early if `proc` died."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            if proc is not None and proc.poll() is not None:
-                tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
-                raise RuntimeError(f"exited with {proc.returncode} before listening on {port}:\n{tail}") from None
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listened on 127.0.0.1:{port} within {timeout} s")
 
 
 def _as_postgres(cmd: list[str]) -> list[str]:
@@ -84,8 +61,11 @@ class Stack:
         self.password = os.urandom(12).hex()
         self.redis_dir = self.root / "redis"
         self.redis_port = free_port()
-        self.redis_proc: subprocess.Popen | None = None
-        self.children: list[Service] = []
+        # Append-only, as ./dev runs it: queued Celery messages survive a restart. It logs to stdout: the file.
+        self.redis_server = Child("redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                                            "--dir", str(self.redis_dir), "--appendonly", "yes", "--save", ""],
+                                  log=self.log_dir / "redis.log", cwd=self.root)
+        self.children: list[Child] = []
         self.timings: dict[str, float] = {}
 
     # --- URLs and environment ---------------------------------------------------------------
@@ -188,24 +168,16 @@ class Stack:
         self._psql("postgres", f"CREATE DATABASE {self.DB} OWNER {self.ROLE}")
 
     def _start_redis(self) -> None:
-        # Append-only, as ./dev runs it: queued Celery messages survive a restart.
-        self.redis_proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir", str(self.redis_dir),
-             "--appendonly", "yes", "--save", "", "--logfile", str(self.log_dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        client = self.redis()
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if client.ping():
-                    return
-            except redis.ConnectionError:
-                if self.redis_proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start; see " + str(self.log_dir / "redis.log")) from None
-                time.sleep(0.05)
-            finally:
-                client.close()
+        self.redis_server.start()
+
+        def pong() -> bool:
+            with self.redis() as client:
+                try:
+                    return client.ping()
+                except redis.ConnectionError:
+                    return False
+
+        self.redis_server.wait_until(pong, "PONG", timeout=15)
 
     def migrate_and_seed(self, seed: str) -> dict:
         """`migrate`, then `seed` (Python run with Django set up, which may print one JSON object), in ONE
@@ -261,42 +233,38 @@ class Stack:
     def restart_redis(self, down_for: float = 0.0) -> dict[str, float]:
         """SHUTDOWN (the AOF is flushed), stay down `down_for` seconds, start on the same port and directory."""
         t0 = time.monotonic()
-        self.redis_proc.send_signal(signal.SIGTERM)  # redis-server treats SIGTERM as SHUTDOWN
-        self.redis_proc.wait(timeout=30)
+        self.redis_server.stop(timeout=30)  # redis-server treats SIGTERM as SHUTDOWN
         stopped = time.monotonic()
         time.sleep(down_for)
         self._start_redis()
         return {"stopping": t0, "stopped": stopped, "started": time.monotonic()}
 
     # --- processes on the stack -------------------------------------------------------------
-    def daphne(self, *, wait: bool = True, **env: str) -> Service:
-        """daphne on a free port; `wait=False` returns at once (call `.wait()` before using it)."""
+    def daphne(self, *, wait: bool = True, **env: str) -> Child:
+        """daphne on a free port; `wait=False` returns at once (call `.wait_port(60)` before using it)."""
         port = free_port()
-        svc = Service("daphne", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                                 "dashboard.asgi:application"], self.env(**env), self.log_dir, port=port)
+        svc = Child("daphne", daphne_argv(port), self.env(**env), port=port, log=self._log("daphne"))
         self.children.append(svc)
-        return svc.start(wait=wait)
+        svc.start()
+        return svc.wait_port(timeout=60) if wait else svc
 
-    def celery_worker(self, **env: str) -> Service:
-        """A real worker on the stack's queue (solo pool, as tests/alerts/conftest.py runs it)."""
+    def celery_worker(self, **env: str) -> Child:
+        """A real worker on the stack's queue (solo pool, as tests/alerts/conftest.py runs it); it logs
+        "ready." once it consumes."""
         e = self.env(**env)
-        svc = Service("celery", [str(BIN / "celery"), "-A", "dashboard", "worker", "--pool", "solo",
-                                 "--concurrency", "1", "-Q", e["CELERY_QUEUE"], "--without-heartbeat",
-                                 "--without-gossip", "--without-mingle", "-n", f"bwrel-{os.getpid()}@%h",
-                                 "--loglevel", "INFO"], e, self.log_dir)
+        svc = Child("celery", worker_argv(e["CELERY_QUEUE"], f"bwrel-{os.getpid()}@%h", solo=True, loglevel="INFO"),
+                    e, log=self._log("celery"))
         self.children.append(svc)
         return svc.start()
+
+    def _log(self, name: str) -> Path:
+        return self.log_dir / f"{name}-{time.monotonic_ns()}.log"
 
     # --- teardown ---------------------------------------------------------------------------
     def close(self) -> None:
         """Stop every process this stack started and remove its directory; never raises."""
-        for svc in self.children:  # all at once: each takes a second or more to shut down
-            svc.terminate()
-        for svc in self.children:
-            svc.stop()
-        if self.redis_proc and self.redis_proc.poll() is None:
-            self.redis_proc.kill()
-            self.redis_proc.wait(timeout=10)
+        stop_all(self.children, timeout=5)  # all at once: each takes a second or more to shut down
+        self.redis_server.kill()
         if (self.pg_data / "postmaster.pid").exists():
             self._pg_ctl("-m", "immediate", "-w", "stop", check=False)
         if os.environ.get("BW_KEEP_STACK"):
@@ -304,62 +272,3 @@ class Stack:
             return
         shutil.rmtree(self.root, ignore_errors=True)
 
-
-class Service:
-    """A product process (daphne, celery) with its output in a log file; stopped by its own pid."""
-
-    def __init__(self, name: str, argv: list[str], env: dict, log_dir: Path, port: int | None = None):
-        self.name, self.argv, self.env, self.port = name, argv, env, port
-        self.log = log_dir / f"{name}-{time.monotonic_ns()}.log"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self, wait: bool = True) -> Service:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        return self.wait() if wait else self
-
-    def wait(self) -> Service:
-        """Block until the service listens on its port (when it has one)."""
-        if self.port:
-            wait_for_port(self.port, self.proc, timeout=60, log=self.log)
-        return self
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def wait_for_log(self, text: str, timeout: float = 30.0) -> None:
-        """Block until `text` appears in the process's log (a worker says "ready." once it consumes)."""
-        deadline = time.monotonic() + timeout
-        while text not in self.log_text():
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not log {text!r} within {timeout} s:\n{self.log_text()[-3000:]}")
-            time.sleep(0.1)
-
-    def terminate(self) -> None:
-        """Ask the process to stop (SIGTERM to its group) without waiting."""
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def stop(self) -> None:
-        if not self.alive():
-            return
-        self.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)

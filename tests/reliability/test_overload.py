@@ -13,7 +13,6 @@ import gzip
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import urllib.error
@@ -27,7 +26,8 @@ from telemetry.actions import do_create_collector_token
 from telemetry.agent.pusher import Pusher, count_samples
 from telemetry.api import admission
 from telemetry.api.admission import Admission, RateLimiter, Refused
-from tests.conftest import AsgiServer, _wait_for_backends_to_exit
+from tests import procs
+from tests.conftest import _wait_for_backends_to_exit
 
 GPU_FIELDS = ("gpu_util", "gpu_temp", "power_w", "sm_clock")
 
@@ -132,12 +132,6 @@ def test_slot_handed_to_a_waiter_that_just_left_goes_to_the_next():
 
 # --- The per-token rate limit against the real Redis --------------------------------------------
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_token_over_its_burst_is_rate_limited_and_others_are_not():
     limiter = RateLimiter(os.environ.get("REDIS_URL", "redis://127.0.0.1:56379/0"), rate=0.05, burst=2,
                           prefix=f"bwtest-rate{os.environ.get('TEST_DB_SUFFIX', '')}:")
@@ -161,7 +155,7 @@ def test_token_over_its_burst_is_rate_limited_and_others_are_not():
 
 
 def test_rate_limiter_fails_open_and_logs_once_when_redis_is_down(caplog):
-    limiter = RateLimiter(f"redis://127.0.0.1:{_closed_port()}/0", rate=1, burst=1)
+    limiter = RateLimiter(f"redis://127.0.0.1:{procs.free_port()}/0", rate=1, burst=1)
 
     async def scenario():
         for _ in range(5):
@@ -194,18 +188,13 @@ def test_rate_limited_request_answers_429_with_code_and_retry_after(client, monk
 @pytest.fixture(scope="module")
 def tight_server(django_db_setup, django_db_blocker):
     """daphne on the test database, admitting one batch at a time with one more waiting."""
-    from urllib.parse import quote
-
     from django.conf import settings
 
-    db = settings.DATABASES["default"]
-    url = f"postgresql://{quote(db['USER'])}:{quote(db['PASSWORD'])}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    server = AsgiServer({**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "0", "LOG_LEVEL": "ERROR",
-                         "INGEST_MAX_INFLIGHT": "1", "INGEST_MAX_WAITING": "1"})
-    server.start()
+    env = procs.child_env(LOG_LEVEL="ERROR", INGEST_MAX_INFLIGHT="1", INGEST_MAX_WAITING="1")
+    server = procs.daphne(env).start().wait_port(timeout=30)
     yield server
     server.stop()
-    _wait_for_backends_to_exit(db["NAME"], django_db_blocker)
+    _wait_for_backends_to_exit(settings.DATABASES["default"]["NAME"], django_db_blocker)
 
 
 def _batch(host: str, t: datetime) -> dict:

@@ -15,8 +15,8 @@ from django.db import DatabaseError, connection, transaction
 from django.forms.models import model_to_dict
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from alerts.audit import do_audit
-from alerts.models import AuditEntry
+from core.audit import do_audit
+from core.models import AuditEntry
 from tenancy.billing import do_finalize_invoice, do_generate_invoice
 from tenancy.models import Invoice, InvoiceLine
 from tests.conftest import FIXED_NOW
@@ -146,7 +146,7 @@ def test_admin_offers_no_change_or_delete_even_to_a_superuser(world, client, dja
     client.force_login(django_user_model.objects.create_superuser("root", "root@example.com", "pw-root-1"))
     before = snapshot(world["invoice"])
     entry = AuditEntry.objects.order_by("id").first()
-    base = "/admin/alerts/auditentry/"
+    base = "/admin/core/auditentry/"
 
     listing = client.get(base)
     assert listing.status_code == 200 and "delete_selected" not in listing.content.decode()

@@ -19,7 +19,8 @@ from urllib.parse import quote
 import pytest
 from django.db import connection
 
-from alerts.models import Alert, AuditEntry
+from alerts.models import Alert
+from core.models import AuditEntry
 from telemetry.actions import do_create_collector_token
 from telemetry.models import Gpu, Job, Node
 from telemetry.topology import do_import_topology
@@ -257,8 +258,12 @@ def test_dash_pages_and_tooltips_never_run_the_payloads(world, asgi_server, brow
     page.fill("input[name=password]", PASSWORD)
     page.click("button[type=submit], input[type=submit]")
     _wait(page, "() => !!(window.BW && BW.heatmapStats && BW.heatmapStats.renderedAt !== null)")
-    row, col = page.evaluate("(() => { const g = BW.heatmapState().payload.grid.gpus; const i = g.uuid.indexOf("
-                             "'GPU-inj-0'); return [g.y[i], g.x[i]]; })()")
+    # The one cell whose tooltip names GPU-inj-0.
+    cell = page.evaluate(f"(() => {{ const hits = []; {GD}.data[0].text.forEach((r, y) => r.forEach((t, x) => {{"
+                         " if (t && t.split('<br>').includes('GPU-inj-0')) hits.push([y, x]); }));"
+                         " return hits.length === 1 ? hits[0] : null; })()")
+    assert cell, "no single cell names GPU-inj-0"
+    row, col = cell
     x, y = page.evaluate(f"""(() => {{ const gd = {GD}, fl = gd._fullLayout;
         return [fl.xaxis._offset + fl.xaxis.l2p({col}) + gd.getBoundingClientRect().left,
                 fl.yaxis._offset + fl.yaxis.l2p({row}) + gd.getBoundingClientRect().top]; }})()""")

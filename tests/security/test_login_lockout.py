@@ -16,7 +16,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient, RequestFactory
 
-from alerts.models import AuditEntry
+from core.models import AuditEntry
+from core.redis_client import fast_client
 from dashboard import security
 
 pytestmark = pytest.mark.django_db
@@ -175,14 +176,13 @@ def test_client_ip_trusts_only_the_configured_number_of_proxies(settings):
     assert security.client_ip(request) == "10.0.0.2"  # fewer hops than proxies: the header is not ours
 
 
-def test_sign_in_still_works_when_redis_is_down(client, alice, settings, caplog):
+def test_sign_in_still_works_when_redis_is_down(client, alice, monkeypatch, caplog):
     """Fail open, and say so: an unreachable Redis must not lock every operator out during an incident."""
-    real_client, security._client = security._client, None
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    monkeypatch.setattr(security, "shared_client", lambda: fast_client("redis://127.0.0.1:1/0"))  # nobody there
     try:
         with caplog.at_level(logging.ERROR, logger="dashboard.security"):
             assert BAD_CREDENTIALS in _error(_login(client, "alice", "guess"))
             assert _login(client, "alice", PASSWORD).status_code == 302
     finally:
-        security._client = real_client  # before the fixture's cleanup, which needs the real Redis
+        monkeypatch.undo()  # before the fixture's cleanup, which needs the real Redis
     assert any("Redis unavailable" in r.getMessage() for r in caplog.records)

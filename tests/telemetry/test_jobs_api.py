@@ -201,7 +201,7 @@ def test_bad_json_is_400_and_oversized_body_is_413(post, settings):
 def test_missing_token_is_401_and_unknown_token_403(client):
     body = json.dumps(GOOD)
     resp = client.post(URL, data=body, content_type="application/json")
-    assert resp.status_code == 401 and resp.json()["error"]["code"] == "unauthenticated"
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "not_authenticated"
     assert "Bearer" in resp["WWW-Authenticate"]
     resp = client.post(URL, data=body, content_type="application/json", HTTP_AUTHORIZATION="Bearer bwc_nope")
     assert resp.status_code == 403 and resp.json()["error"]["code"] == "bad_token"

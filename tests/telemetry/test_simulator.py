@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import http.server
-import socket
 import threading
 import time
 from collections import Counter
@@ -27,6 +26,7 @@ from telemetry.simulator.gpus import REASON_IDLE
 from telemetry.simulator.runner import Runner, ServerUnavailable
 from telemetry.simulator.topology import build_layout, topology_document
 from tests.conftest import FIXED_NOW
+from tests.procs import free_port
 
 INTERVAL = 10
 
@@ -278,9 +278,7 @@ def test_client_retries_a_503_and_sends_gzip_json():
 
 
 def test_runner_waits_for_a_server_that_is_not_up():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # closed again: nothing listens there
     lines: list[str] = []
     fake_now = [0.0]
     client = IngestClient(f"http://127.0.0.1:{port}", "bwc_x")

@@ -32,7 +32,8 @@ from django.test import override_settings
 from django.urls import URLPattern, URLResolver, get_resolver
 from django_plotly_dash.dash_wrapper import all_apps
 
-from alerts.models import AgentCommand, AuditEntry
+from alerts.models import AgentCommand
+from core.models import AuditEntry
 from dashboard.access import tenant_app
 from tenancy.models import Invoice
 from tests.alerts import test_pages

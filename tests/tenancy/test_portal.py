@@ -19,8 +19,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from alerts.models import Alert, AuditEntry
+from alerts.models import Alert
 from anomaly.models import Anomaly
+from core.models import AuditEntry
 from dashboard.pages import chargeback, portal
 from telemetry.models import (
     SAMPLE_MODELS,

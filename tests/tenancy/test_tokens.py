@@ -14,7 +14,8 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
-from alerts.models import AuditEntry, Rule
+from alerts.models import Rule
+from core.models import AuditEntry
 from tenancy.actions import (
     do_add_membership,
     do_create_api_token,

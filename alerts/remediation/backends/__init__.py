@@ -62,23 +62,23 @@ def get_backend(kind: str, name: str | None = None) -> Backend:
     """A backend instance for action `kind` (or the one called `name`, for an action already started)."""
     name = name or backend_name(kind)
     if name == "slurm":
-        from alerts.remediation.backends.slurm import SlurmBackend
+        from alerts.remediation.backends.slurm import SlurmBackend  # each backend imports this module
 
         return SlurmBackend()
     if name == "kubernetes":
-        from alerts.remediation.backends.kubernetes import KubernetesBackend
+        from alerts.remediation.backends.kubernetes import KubernetesBackend  # each backend imports this module
 
         return KubernetesBackend()
     if name == "simulator":
-        from alerts.remediation.backends.simulator import SimulatorBackend
+        from alerts.remediation.backends.simulator import SimulatorBackend  # each backend imports this module
 
         return SimulatorBackend()
     if name == "agent":
-        from alerts.remediation.backends.agent import AgentBackend
+        from alerts.remediation.backends.agent import AgentBackend  # each backend imports this module
 
         return AgentBackend()
     if name == "webhook":
-        from alerts.remediation.backends.ticket import TicketBackend
+        from alerts.remediation.backends.ticket import TicketBackend  # each backend imports this module
 
         return TicketBackend()
     raise ValueError(f"no remediation backend named {name!r}")

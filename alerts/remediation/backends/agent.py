@@ -22,17 +22,18 @@ from django.utils import timezone
 
 from alerts.models import ActionKind, ActionState, AgentCommand, AgentCommandState, RemediationAction
 from alerts.remediation.backends import BackendError, Outcome, command
+from alerts.remediation.executor import finish_agent_action
+from core.api import ApiError, ErrorCode
 from telemetry.models import Gpu
 
 POWER_TOLERANCE_W = 1.0  # nvidia-smi reports limits to two decimals; a driver may round a requested cap
 
 
-class AgentResultError(Exception):
+class AgentResultError(ApiError):
     """A result the channel refuses: HTTP `status`, stable `code`, and a message naming the field."""
 
-    def __init__(self, status: int, code: str, message: str, where: str = ""):
-        super().__init__(message)
-        self.status, self.code, self.message, self.where = status, code, message, where
+    def __init__(self, status: int, code: ErrorCode | str, message: str, where: str = ""):
+        super().__init__(status, code, message, where=where)
 
 
 def describe_command(hostname: str, kind: str, params: dict) -> str:
@@ -124,8 +125,6 @@ def do_poll_agent_commands(hostname: str, *, now: datetime | None = None) -> lis
 @transaction.atomic
 def do_expire_agent_commands(now: datetime, *, hostname: str | None = None) -> int:
     """Expire commands never fetched before `expires_at`, or fetched and unanswered for a TTL; fail their actions."""
-    from alerts.remediation.executor import finish_agent_action
-
     stale = (Q(state=AgentCommandState.QUEUED, expires_at__lte=now)
              | Q(state=AgentCommandState.SENT, sent_at__lte=now - settings.AGENT_COMMAND_TTL))
     qs = AgentCommand.objects.select_for_update(skip_locked=True).filter(stale)
@@ -171,7 +170,5 @@ def do_record_agent_result(command_id: int, payload: object, *, now: datetime | 
     cmd.result, cmd.finished_at = result, now
     cmd.save(update_fields=["state", "result", "finished_at"])
     if cmd.action_id:
-        from alerts.remediation.executor import finish_agent_action
-
         finish_agent_action(cmd.action_id, now=now)
     return cmd

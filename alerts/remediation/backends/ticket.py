@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from alerts.models import Channel, Notification, NotificationEvent, NotificationStatus, RemediationAction
 from alerts.remediation.backends import BackendError, Outcome, command
+from alerts.tasks import deliver
 from telemetry.models import Gpu
 
 
@@ -85,6 +86,4 @@ class TicketBackend:
 
 
 def _enqueue_delivery(notification_id: int) -> None:
-    from alerts.tasks import deliver
-
     transaction.on_commit(lambda: deliver.delay(notification_id))

@@ -8,6 +8,8 @@
  * drops those that left the window, breaks the line where the data has a gap, and slides the
  * x-axis along unless the operator zoomed. A GPU page's fault events arrive on the same socket
  * and replace the events table. nodeFigure(payload) draws one line per GPU of a node.
+ * While the plot follows the live data, the page's root (#bw-series-page) says which window:
+ * data-following="<field>/<range>", set when the subscription for the drawn window is sent.
  *
  * Colours: Okabe-Ito, which stays distinguishable with every common colour-vision deficiency;
  * a node's lines beyond eight also change dash pattern.
@@ -24,7 +26,6 @@
 
   var st = { payload: null, socket: null, tag: 0, ready: false, range: null };
   var stats = (BW.seriesStats = { appended: 0, messages: 0, renderedAt: null, subscriptions: 0 });
-  BW.seriesState = function () { return st; };  // for tests
 
   function nu() { return window.dash_clientside.no_update; }
 
@@ -108,7 +109,7 @@
     var p = st.payload, gd = graphDiv();
     if (!p || !p.live || !gd) return;
     if (!st.socket) {
-      st.socket = BW.live(document.getElementById("bw-series-page").dataset.liveUrl,
+      st.socket = BW.live(pageRoot().dataset.liveUrl,
                           { onOpen: subscribe, onMessage: onMessage });
       return;
     }
@@ -118,7 +119,10 @@
       kind: p.kind, id: p.id, field: p.field, since: newestX(gd) || p.start, resolution: p.resolution,
       range_s: p.range_s, step_s: p.step_s, events: !!document.getElementById("bw-events"), tag: st.tag
     } });
+    if (st.socket.connected) pageRoot().dataset.following = p.field + "/" + p.range;
   }
+
+  function pageRoot() { return document.getElementById("bw-series-page"); }
 
   function onMessage(msg) {
     stats.messages += 1;
@@ -212,6 +216,7 @@
                         annotations: noDataNote("Nothing to plot: this page names no known entity.") } }, "—"];
       st.payload = p;
       st.ready = false;
+      delete pageRoot().dataset.following;  // until this window is drawn and subscribed
       var layout = baseLayout(p, 380);
       st.range = layout.xaxis.range.slice();
       if (!hasData(p.y)) layout.annotations = noDataNote("No data for " + p.label + " in this range yet.");

@@ -10,6 +10,7 @@
  * values changed: fabricApply patches the matrix with one restyle and the graph's edges in place
  * (their Cytoscape data, which the stylesheet maps to colour, dash and width), recomputes the
  * worst links and redraws the details panel. A push naming a pair or edge the page has not drawn reloads both.
+ * Once a metric's matrix is on screen, the page's root (#bw-fabric-page) says which: data-metric.
  *
  * Colours: cividis for the matrix (grey = a cable with no reading); Okabe-Ito for link states,
  * each also with its own dash pattern, marker symbol and name, so no state rests on colour alone.
@@ -40,7 +41,6 @@
     applied: 0, lastCells: 0, lastEdges: 0, lastApplyMs: null, matrixMs: null, matrixRenderedAt: null,
     graphMs: null, graphRenderedAt: null, graphElements: 0
   });
-  BW.fabricState = function () { return st; };  // for tests and measurements
 
   /* --- Helpers ------------------------------------------------------------------------------ */
 
@@ -49,10 +49,6 @@
     var p = Object.assign({}, props || {});
     if (children !== undefined) p.children = children;
     return { type: type.charAt(0).toUpperCase() + type.slice(1), namespace: "dash_html_components", props: p };
-  }
-
-  function esc(text) {
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
   function fmtNum(v) {
@@ -77,6 +73,12 @@
   function cyInstance() {
     var el = document.getElementById("fabric-graph");
     return el && el._cyreg ? el._cyreg.cy : null;
+  }
+
+  /* The matrix of st.metric is on screen. */
+  function matrixShown() {
+    st.ready.matrix = true;
+    document.getElementById("bw-fabric-page").dataset.metric = st.metric;
   }
 
   function matrixDiv() {
@@ -144,18 +146,18 @@
     var mid = view.scale === "log" ? Math.pow(10, (Math.log10(lo) + Math.log10(hi)) / 2) : (lo + hi) / 2;
     var grad = CIVIDIS.map(function (c, i) { return c + " " + (100 * i / (CIVIDIS.length - 1)).toFixed(1) + "%"; });
     var swatch = function (style, label) {
-      return '<span class="bw-legend-item"><span class="bw-swatch" style="' + style + '"></span>' + esc(label) + "</span>";
+      return '<span class="bw-legend-item"><span class="bw-swatch" style="' + style + '"></span>' + BW.esc(label) + "</span>";
     };
-    var html = '<span class="bw-legend-title">' + esc(view.label + " (" + m.unit + ")") + "</span>" +
+    var html = '<span class="bw-legend-title">' + BW.esc(view.label + " (" + m.unit + ")") + "</span>" +
       '<span class="bw-legend-scale"><span class="bw-gradient" style="background:linear-gradient(to right,' +
       grad.join(",") + ')"></span><span class="bw-legend-ticks"><span>' + (view.scale === "log" ? "≤ " : "") +
-      esc(tickLabel(view, lo)) + "</span><span>" + esc(tickLabel(view, mid)) + (view.scale === "log" ? " (log)" : "") +
-      "</span><span>" + esc(tickLabel(view, hi)) + "+</span></span></span>" +
+      BW.esc(tickLabel(view, lo)) + "</span><span>" + BW.esc(tickLabel(view, mid)) + (view.scale === "log" ? " (log)" : "") +
+      "</span><span>" + BW.esc(tickLabel(view, hi)) + "+</span></span></span>" +
       swatch("background:" + NO_DATA, "no data") + swatch("background:#fff", "no cable");
     ["congested", "errors", "down"].forEach(function (s) {
       var style = st.styles[s] || {};
       html += '<span class="bw-legend-item"><span class="bw-marker" style="color:' + (style.colour || "#000") + '">' +
-        { congested: "✕", errors: "△", down: "□" }[s] + "</span>" + esc("link " + s) + "</span>";
+        { congested: "✕", errors: "△", down: "□" }[s] + "</span>" + BW.esc("link " + s) + "</span>";
     });
     box.innerHTML = html;
   }
@@ -164,9 +166,9 @@
     var m = st.matrix, leaf = m.leaves[i], spine = m.spines[j], n = m.links[i][j];
     var rail = m.leaf_rails[i];
     var edge = st.pairEdge.get(leaf + SEP + spine);
-    return "<b>" + esc(leaf) + " ↔ " + esc(spine) + "</b><br>" + (rail === null ? "no rail" : "rail " + rail) + " · " +
-      n + " link" + (n === 1 ? "" : "s") + "<br>" + esc(st.view.label) + ": <b>" + fmtValue(m.z[i][j], m.unit) + "</b>" +
-      (edge ? "<br>link state: " + esc(edge.state) : "");
+    return "<b>" + BW.esc(leaf) + " ↔ " + BW.esc(spine) + "</b><br>" + (rail === null ? "no rail" : "rail " + rail) + " · " +
+      n + " link" + (n === 1 ? "" : "s") + "<br>" + BW.esc(st.view.label) + ": <b>" + fmtValue(m.z[i][j], m.unit) + "</b>" +
+      (edge ? "<br>link state: " + BW.esc(edge.state) : "");
   }
 
   function markerTrace() {
@@ -177,7 +179,7 @@
       if (i === undefined || j === undefined) return;
       x.push(j); y.push(i); sym.push(SYMBOLS[d.state]);
       col.push((st.styles[d.state] || {}).colour || "#000");
-      text.push("<b>" + esc(parts[0]) + " ↔ " + esc(parts[1]) + "</b><br>link " + esc(d.state));
+      text.push("<b>" + BW.esc(parts[0]) + " ↔ " + BW.esc(parts[1]) + "</b><br>link " + BW.esc(d.state));
     });
     var size = Math.max(7, Math.min(14, st.cellPx || 10));
     return { type: "scatter", mode: "markers", x: x, y: y, text: text, hovertemplate: "%{text}<extra></extra>",
@@ -535,7 +537,7 @@
       if (!m.leaves.length || !m.spines.length) {
         var box = document.getElementById("fabric-legend");
         if (box) box.innerHTML = "";
-        st.ready.matrix = true;
+        matrixShown();
         stats.matrixRenderedAt = performance.now();
         subscribe();
         return [emptyFigure("No leaf or spine switches yet. They appear once a topology import names them."),
@@ -549,7 +551,7 @@
         requestAnimationFrame(function () {
           stats.matrixMs = performance.now() - t0;
           stats.matrixRenderedAt = performance.now();
-          st.ready.matrix = true;
+          matrixShown();
           if (st.graph !== builtWith) redraw(true);  // the graph's states came in while it was drawn
           subscribe();
         });

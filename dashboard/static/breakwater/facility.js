@@ -11,6 +11,7 @@
  * (daphne caps a websocket message at 1 MiB). Messages queue here and "nvlink-live" carries a
  * counter. Changed cells are patched and restyled in place; a domain that changes state moves
  * to its group, which redraws the figure; a new layout (GPUs added or moved) reloads the payload.
+ * Once a metric's grid is on screen, the page's root (#bw-nvlink-page) says which: data-metric.
  *
  * Power. The Dash app `power` loads `power_overview` and `pue_series`; powerRender draws rack
  * draw against cap (bars grouped by hall row, a tick per cap, over-cap racks hatched, annotated
@@ -35,14 +36,14 @@
   /* --- Shared helpers ---------------------------------------------------------------------- */
 
   /* An HTML element as a string: attribute values are escaped here, `inner` is HTML already
-   * (pass text through esc). Tables and cards go into their boxes as HTML rather than as Dash
+   * (pass text through BW.esc). Tables and cards go into their boxes as HTML rather than as Dash
    * components: the Dash renderer walks every component a callback returns, and a few hundred
    * table cells cost it seconds. */
   function tag(name, attrs, inner) {
     var a = "";
     Object.keys(attrs || {}).forEach(function (k) {
       var v = attrs[k];
-      if (v !== undefined && v !== null && v !== false && v !== "") a += " " + k + '="' + esc(v) + '"';
+      if (v !== undefined && v !== null && v !== false && v !== "") a += " " + k + '="' + BW.esc(v) + '"';
     });
     return "<" + name + a + ">" + (Array.isArray(inner) ? inner.join("") : (inner === undefined ? "" : inner)) + "</" + name + ">";
   }
@@ -54,10 +55,6 @@
     if (BW.patch) BW.patch.morphInner(box, markup);  // in place: focus and scroll inside the box survive
     else box.innerHTML = markup;
     box.dataset.markup = markup;
-  }
-
-  function esc(text) {
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
   }
 
   /* A rate or value with at most 3 significant digits, or "—". */
@@ -108,7 +105,7 @@
     return tag("div", { "class": "bw-tile" + (count ? "" : " is-zero"), "data-tile": key,
                         style: "--tile-colour:" + (STATE_COLOUR[state] || "#5f6b78") }, [
       tag("div", { "class": "bw-tile-count" }, count.toLocaleString("en")),
-      tag("div", { "class": "bw-tile-label" }, esc(label))
+      tag("div", { "class": "bw-tile-label" }, BW.esc(label))
     ]);
   }
 
@@ -164,7 +161,6 @@
              ready: false, drawing: false, queue: [], clickBound: false };
   var nvStats = (BW.nvlinkStats = { renderedAt: null, payloadAt: null, builtAt: null, builds: 0, messages: 0, applied: 0,
                                      lastCells: 0, lastApplyMs: null });
-  BW.nvlinkState = function () { return nv; };
 
   /* The value columns by field name (views on the payload's arrays, so patches land in both). */
   function columns(p) {
@@ -266,10 +262,10 @@
     if (!box) return;
     var m = METRICS[metric];
     var grad = CIVIDIS.map(function (c, i) { return c + " " + (100 * i / (CIVIDIS.length - 1)).toFixed(1) + "%"; });
-    box.innerHTML = '<span class="bw-legend-title">' + esc(m.label + " (" + m.unit + (m.log ? ", log scale" : "") + ")") +
+    box.innerHTML = '<span class="bw-legend-title">' + BW.esc(m.label + " (" + m.unit + (m.log ? ", log scale" : "") + ")") +
       '</span><span class="bw-legend-scale"><span class="bw-gradient" style="background:linear-gradient(to right,' +
       grad.join(",") + ')"></span><span class="bw-legend-ticks">' +
-      axis.ticks.map(function (t) { return "<span>" + esc(t) + "</span>"; }).join("") + "</span></span>" +
+      axis.ticks.map(function (t) { return "<span>" + BW.esc(t) + "</span>"; }).join("") + "</span></span>" +
       '<span class="bw-legend-item"><span class="bw-swatch" style="background:' + NO_DATA + '"></span>no data</span>' +
       '<span class="bw-legend-item"><span class="bw-swatch bw-swatch-outline"></span>domain in error (outlined)</span>';
   }
@@ -288,9 +284,9 @@
 
   function gpuText(i) {
     var s = nv.payload.static, d = s.domains[s.domain[i]];
-    return "<b>" + esc(s.hosts[s.host[i]]) + " · GPU " + s.index[i] + "</b><br>" + esc(s.uuid[i]) +
-      "<br>Domain <b>" + esc(d.name) + "</b> (" + d.kind + (d.implicit ? ", from its node" : "") +
-      (d.rack ? " · rack " + esc(d.rack) : "") + ")";
+    return "<b>" + BW.esc(s.hosts[s.host[i]]) + " · GPU " + s.index[i] + "</b><br>" + BW.esc(s.uuid[i]) +
+      "<br>Domain <b>" + BW.esc(d.name) + "</b> (" + d.kind + (d.implicit ? ", from its node" : "") +
+      (d.rack ? " · rack " + BW.esc(d.rack) : "") + ")";
   }
 
   function cellPx(W) {
@@ -328,7 +324,7 @@
       }
       if (L.blockLabels) {
         notes.push({ x: b.x0 - 0.5, y: b.y0 - 0.5, xref: "x", yref: "y", xanchor: "left", yanchor: "bottom",
-                     text: esc(p.static.domains[b.domain].name), showarrow: false, font: { size: 11, color: "#39424e" } });
+                     text: BW.esc(p.static.domains[b.domain].name), showarrow: false, font: { size: 11, color: "#39424e" } });
       }
     });
     L.bands.forEach(function (b) {
@@ -374,30 +370,30 @@
   function nvErrors() {
     var p = nv.payload, list = nv.groups ? nv.groups.errors.slice() : [];
     if (!list.length) {
-      return tag("p", { "class": "bw-muted" }, esc(p.static.uuid.length
+      return tag("p", { "class": "bw-muted" }, BW.esc(p.static.uuid.length
         ? "No NVLink domain has errors: no recovery and fewer than 10 CRC and replay errors a minute on every GPU."
         : "No GPUs yet. They appear here as soon as telemetry or a topology import names them."));
     }
     var rate = function (d) { return domainValue(d, "errors_per_s") || 0; };
     list.sort(function (a, b) { return rate(p.domains[b]) - rate(p.domains[a]); });
-    var e = function (d, f) { return esc(num(domainValue(d, f), "/s")); };
+    var e = function (d, f) { return BW.esc(num(domainValue(d, f), "/s")); };
     var num2 = function (v) { return tag("td", { "class": "is-num" }, v); };
     var rows = list.slice(0, ERROR_ROWS).map(function (di) {
       var d = p.domains[di], sd = p.static.domains[di], w = worstGpu(di), s = p.static;
       var crc = sum2(domainValue(d, "nvlink_crc_flit_errors"), domainValue(d, "nvlink_crc_data_errors"), 1);
       return tag("tr", { "data-domain": sd.name, "class": "bw-error-row" }, [
-        tag("td", {}, tag("span", { "class": "bw-badge bw-badge-error" }, "errors") + " " + tag("b", {}, esc(sd.name))),
-        tag("td", {}, esc(sd.kind + (sd.rack ? " · " + sd.rack : ""))),
-        num2(d.gpus_with_errors + " of " + d.gpus), num2(e(d, "errors_per_s")), num2(esc(num(crc, "/s"))),
+        tag("td", {}, tag("span", { "class": "bw-badge bw-badge-error" }, "errors") + " " + tag("b", {}, BW.esc(sd.name))),
+        tag("td", {}, BW.esc(sd.kind + (sd.rack ? " · " + sd.rack : ""))),
+        num2(d.gpus_with_errors + " of " + d.gpus), num2(e(d, "errors_per_s")), num2(BW.esc(num(crc, "/s"))),
         num2(e(d, "nvlink_replay_errors")), num2(e(d, "nvlink_recovery_errors")),
         tag("td", {}, w < 0 ? "—" : tag("a", { href: gpuHref(s.uuid[w]), title: s.uuid[w] },
-                                       esc(s.hosts[s.host[w]] + " · GPU " + s.index[w])))
+                                       BW.esc(s.hosts[s.host[w]] + " · GPU " + s.index[w])))
       ]);
     });
     var head = ["Domain", "Kind", "GPUs with errors", "All errors", "CRC", "Replays", "Recoveries", "Worst GPU"];
     return tag("table", { "class": "bw-table bw-nvlink-errors" }, [
       tag("thead", {}, tag("tr", {}, head.map(function (c, i) {
-        return tag("th", { scope: "col", "class": i >= 2 && i <= 6 ? "is-num" : "" }, esc(c));
+        return tag("th", { scope: "col", "class": i >= 2 && i <= 6 ? "is-num" : "" }, BW.esc(c));
       }))),
       tag("tbody", {}, rows)
     ]) + (list.length > ERROR_ROWS ? tag("p", { "class": "bw-muted bw-small" }, "and " + (list.length - ERROR_ROWS) +
@@ -540,10 +536,11 @@
   }
 
   function nvRendered(fig) {
-    var first = !nv.ready;
+    var first = !nv.ready, metric = nv.metric;
     var done = function (gd) {
       if (gd) bindClick(gd);
       nv.ready = true;
+      document.getElementById("bw-nvlink-page").dataset.metric = metric;
       // First draw, or a reload for a new layout: (re)subscribe with the layout now drawn.
       if (first || nv.subscribed !== nv.payload.layout) subscribeOnce(nv, "bw-nvlink-page", nvSubscription);
       if (nvStats.renderedAt === null) nvStats.renderedAt = performance.now();
@@ -579,7 +576,6 @@
   var pw = { data: null, series: null, socket: null, pending: [], received: 0, store: "power-live", ready: false,
              seriesAt: 0, reloadAsked: 0 };
   var pwStats = (BW.powerStats = { renderedAt: null, payloadAt: null, builtAt: null, applied: 0, lastRacks: 0 });
-  BW.powerState = function () { return pw; };
 
   function category(r) {
     if (r.draw_w === null) return "nodata";
@@ -592,7 +588,7 @@
 
   function rackTip(r) {
     var c = category(r);
-    return "<b>" + esc(r.name) + "</b> · " + esc(r.hall) + " · row " + esc(r.row) +
+    return "<b>" + BW.esc(r.name) + "</b> · " + BW.esc(r.hall) + " · row " + BW.esc(r.row) +
       "<br>Draw <b>" + power(r.draw_w) + "</b>" + (r.cap_w ? " of " + power(r.cap_w) + " cap (" + pct(r.pct_of_cap) + ")" : ", no cap set") +
       (c === "over" ? "<br><b>OVER CAP</b> by " + power(r.draw_w - r.cap_w) : "") +
       "<br>Source: " + (r.source ? SOURCE_WORDS[r.source] : "no reading") +
@@ -641,14 +637,14 @@
     if (capped.length) {
       data.push({ type: "scatter", mode: "markers", name: "Cap", x: capped.map(function (i) { return xs[i]; }),
                   y: capped.map(function (i) { return racks[i].cap_w / 1e3; }),
-                  customdata: capped.map(function (i) { return esc(racks[i].name) + " cap " + power(racks[i].cap_w); }),
+                  customdata: capped.map(function (i) { return BW.esc(racks[i].name) + " cap " + power(racks[i].cap_w); }),
                   marker: { symbol: "line-ew-open", size: barPx, color: "#000000", line: { width: 3, color: "#000000" } },
                   hovertemplate: "%{customdata}<extra></extra>" });
     }
     var named = racks.length <= RACK_NAMES_MAX;
     var notes = named ? rows.map(function (row) {
       return { x: (row.x0 + row.x1) / 2, y: 1, xref: "x", yref: "paper", yanchor: "bottom", showarrow: false,
-               text: "<b>" + esc(row.label) + "</b>", font: { size: 12, color: "#39424e" } };
+               text: "<b>" + BW.esc(row.label) + "</b>", font: { size: 12, color: "#39424e" } };
     }) : [];
     overCap().slice(0, OVER_NOTES_MAX).forEach(function (r) {
       var i = racks.indexOf(r);
@@ -671,12 +667,12 @@
   }
 
   function card(kind, title, big, small, lines, share) {
-    var inner = tag("h2", {}, esc(title)) + tag("p", { "class": "bw-big" }, esc(big) + (small ? " " + tag("small", {}, esc(small)) : ""));
+    var inner = tag("h2", {}, BW.esc(title)) + tag("p", { "class": "bw-big" }, BW.esc(big) + (small ? " " + tag("small", {}, BW.esc(small)) : ""));
     if (share !== undefined) {
       inner += tag("div", { "class": "bw-bar" }, tag("div", { "class": "bw-bar-fill" + (share > 100 ? " is-over" : ""),
         style: "width:" + (share === null ? "0" : Math.min(100, share).toFixed(1) + "%") }));
     }
-    lines.forEach(function (l) { inner += tag("p", { "class": "bw-bar-label" }, esc(l)); });
+    lines.forEach(function (l) { inner += tag("p", { "class": "bw-bar-label" }, BW.esc(l)); });
     return tag("div", { "class": "bw-card", "data-card": kind }, inner);
   }
 
@@ -705,13 +701,13 @@
     var over = overCap();
     if (!over.length) return "";
     var items = over.slice(0, 20).map(function (r) {
-      return tag("li", { "data-rack": r.name }, tag("b", {}, esc(r.name)) + esc(" (" + r.hall + " · row " + r.row + "): " +
+      return tag("li", { "data-rack": r.name }, tag("b", {}, BW.esc(r.name)) + BW.esc(" (" + r.hall + " · row " + r.row + "): " +
         power(r.draw_w) + " of " + power(r.cap_w) + " cap, " + pct(r.pct_of_cap) + ", " + power(r.draw_w - r.cap_w) +
         " over · from " + (SOURCE_WORDS[r.source] || "—")));
     });
     return tag("div", { "class": "bw-callout", id: "power-overcap-list" }, [
       tag("h2", {}, tag("span", { "class": "bw-badge bw-badge-error" }, "over cap") + " " +
-                    esc(over.length + " rack" + (over.length === 1 ? " is" : "s are") + " drawing more than " +
+                    BW.esc(over.length + " rack" + (over.length === 1 ? " is" : "s are") + " drawing more than " +
                         (over.length === 1 ? "its" : "their") + " power cap")),
       tag("ul", {}, items),
       over.length > 20 ? tag("p", { "class": "bw-muted" }, "and " + (over.length - 20) + " more") : ""
@@ -722,16 +718,16 @@
     return tag("td", { "class": "bw-share" }, [
       tag("span", { "class": "bw-minibar" }, tag("span", { "class": "bw-minibar-fill" + (p > 100 ? " is-over" : ""),
         style: "width:" + (p === null ? "0" : Math.min(100, p).toFixed(1) + "%") })),
-      tag("span", { "class": "is-num" }, esc(pct(p) + (p > 100 ? " over" : "")))
+      tag("span", { "class": "is-num" }, BW.esc(pct(p) + (p > 100 ? " over" : "")))
     ]);
   }
 
   function totalsRow(kind, label, t) {
     return tag("tr", { "class": "bw-total-" + kind, "data-place": label }, [
-      tag(kind === "hall" || kind === "site" ? "th" : "td", { scope: kind === "row" ? "" : "row" }, esc(label)),
+      tag(kind === "hall" || kind === "site" ? "th" : "td", { scope: kind === "row" ? "" : "row" }, BW.esc(label)),
       tag("td", { "class": "is-num" }, t.racks_reporting + " of " + t.racks),
-      tag("td", { "class": "is-num" }, esc(power(t.draw_w))),
-      tag("td", { "class": "is-num" }, esc(power(t.cap_w))),
+      tag("td", { "class": "is-num" }, BW.esc(power(t.draw_w))),
+      tag("td", { "class": "is-num" }, BW.esc(power(t.cap_w))),
       shareCell(t.pct_of_cap)
     ]);
   }
@@ -748,7 +744,7 @@
     });
     return tag("table", { "class": "bw-table bw-totals" }, [
       tag("thead", {}, tag("tr", {}, ["Hall · row", "Racks reporting", "Draw", "Cap", "Share of cap"].map(function (c, i) {
-        return tag("th", { scope: "col", "class": i && i < 4 ? "is-num" : "" }, esc(c));
+        return tag("th", { scope: "col", "class": i && i < 4 ? "is-num" : "" }, BW.esc(c));
       }))),
       tag("tbody", {}, body),
       tag("tfoot", {}, totalsRow("site", "All racks", d.total))
@@ -763,7 +759,7 @@
       if (l.supply_c !== null && l.return_c !== null) { lx.push(l.supply_c, l.return_c, null); ly.push(l.name, l.name, null); }
     });
     var tip = loops.map(function (l) {
-      return "<b>" + esc(l.name) + "</b>" + (l.stale ? " · <b>no fresh reading</b>" : "") + "<br>Supply " + num(l.supply_c, "°C") +
+      return "<b>" + BW.esc(l.name) + "</b>" + (l.stale ? " · <b>no fresh reading</b>" : "") + "<br>Supply " + num(l.supply_c, "°C") +
         " · return " + num(l.return_c, "°C") + " · ΔT " + num(l.delta_t_c, "K") + "<br>Flow " + num(l.flow_lpm, "L/min") +
         "<br>Cools " + l.racks.length + " rack" + (l.racks.length === 1 ? "" : "s");
     });
@@ -792,18 +788,18 @@
     var loops = pw.data.cooling_loops;
     if (!loops.length) return tag("p", { "class": "bw-empty" }, "No cooling loops in the topology.");
     var head = ["Loop", "Racks", "Supply", "Return", "ΔT", "Flow", "Pumps", "Facility power", "Reading"];
-    var n = function (text, title) { return tag("td", { "class": "is-num", title: title }, esc(text)); };
+    var n = function (text, title) { return tag("td", { "class": "is-num", title: title }, BW.esc(text)); };
     return tag("table", { "class": "bw-table bw-loops" }, [
       tag("thead", {}, tag("tr", {}, head.map(function (c, i) {
-        return tag("th", { scope: "col", "class": i > 0 && i < 8 ? "is-num" : "" }, esc(c));
+        return tag("th", { scope: "col", "class": i > 0 && i < 8 ? "is-num" : "" }, BW.esc(c));
       }))),
       tag("tbody", {}, loops.map(function (l) {
         return tag("tr", { "data-loop": l.name, "class": l.stale ? "is-stale" : "" }, [
-          tag("th", { scope: "row" }, esc(l.name)), n(String(l.racks.length), l.racks.join(", ")),
+          tag("th", { scope: "row" }, BW.esc(l.name)), n(String(l.racks.length), l.racks.join(", ")),
           n(num(l.supply_c, "°C")), n(num(l.return_c, "°C")), n(num(l.delta_t_c, "K")), n(num(l.flow_lpm, "L/min")),
           n(power(l.pump_w)), n(power(l.facility_w)),
-          tag("td", {}, l.stale ? tag("span", { "class": "bw-badge bw-badge-stale" }, esc(l.time ? "stale since " + utc(l.time) : "never reported"))
-                                : esc(utc(l.time, true)))
+          tag("td", {}, l.stale ? tag("span", { "class": "bw-badge bw-badge-stale" }, BW.esc(l.time ? "stale since " + utc(l.time) : "never reported"))
+                                : BW.esc(utc(l.time, true)))
         ]);
       }))
     ]);

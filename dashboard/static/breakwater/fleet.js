@@ -1,23 +1,21 @@
 /* Fleet page: keeps the server-rendered numbers live over /ws/fleet/.
  *
  * The server renders every number first, so the page is right without JavaScript. This file
- * then (1) opens a websocket, (2) re-renders every [data-bind] element from each pushed summary
- * with the same formats the template uses, (3) ticks the "newest sample" age every second from
- * the server-computed age plus local elapsed time, so a wrong browser clock cannot skew it, and
- * (4) reconnects with jittered exponential backoff when the socket drops. No polling.
+ * then (1) opens the websocket with BW.live (live.js: reconnect with jittered backoff, the
+ * header's status dot), (2) re-renders every [data-bind] element from each pushed summary with
+ * the same formats the template uses, and (3) ticks the "newest sample" age every second from the
+ * server-computed age plus local elapsed time, so a wrong browser clock cannot skew it. The
+ * consumer (dashboard/consumers/fleet.py) sends the whole summary on connect and on every
+ * publish; the page sends nothing. No polling.
  */
 (function () {
   "use strict";
+  var BW = window.BW;
 
   var root = document.querySelector("[data-live-url]");
   var initial = document.getElementById("bw-fleet-summary");
   if (!root || !initial) return;
 
-  var MIN_DELAY_MS = 1000;
-  var MAX_DELAY_MS = 30000;
-  var conn = document.getElementById("bw-conn");
-  var delay = MIN_DELAY_MS;
-  var retryAt = null;
   var age = { seconds: null, at: 0, staleAfter: Infinity };
 
   function group(v, digits) {
@@ -35,11 +33,6 @@
     text: String
   };
 
-  function esc(v) {
-    return String(v === null || v === undefined ? "" : v)
-      .replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
-  }
-
   // Must match the rows fleet.html renders.
   var LISTS = {
     "faults.newest": function (events) {
@@ -47,29 +40,29 @@
       return events.map(function (ev) {
         var uuid = ev.gpu_uuid.length > 16 ? ev.gpu_uuid.slice(0, 15) + "…" : ev.gpu_uuid;
         var what = (ev.kind === "xid" ? "XID " + ev.code : ev.kind) + (ev.count > 1 ? " ×" + ev.count : "");
-        return "<tr><td>" + esc(ev.last_seen.slice(11, 19)) + '</td><td><a href="/nodes/' + encodeURIComponent(ev.host) +
-          '/">' + esc(ev.host) + '</a></td><td><a href="/gpus/' + encodeURIComponent(ev.gpu_uuid) + '/">' + esc(uuid) +
-          "</a></td><td>" + esc(what) + "</td><td>" + esc(ev.meaning) + '</td><td><span class="bw-sev bw-sev-' +
-          esc(ev.severity) + '">' + esc(ev.severity) + "</span></td></tr>";
+        return "<tr><td>" + BW.esc(ev.last_seen.slice(11, 19)) + '</td><td><a href="/nodes/' + encodeURIComponent(ev.host) +
+          '/">' + BW.esc(ev.host) + '</a></td><td><a href="/gpus/' + encodeURIComponent(ev.gpu_uuid) + '/">' + BW.esc(uuid) +
+          "</a></td><td>" + BW.esc(what) + "</td><td>" + BW.esc(ev.meaning) + '</td><td><span class="bw-sev bw-sev-' +
+          BW.esc(ev.severity) + '">' + BW.esc(ev.severity) + "</span></td></tr>";
       }).join("");
     },
     "anomalies.top": function (rows) {
       if (!rows.length) return '<tr class="bw-empty"><td colspan="5">No open anomalies.</td></tr>';
       return rows.map(function (a) {
         var id = a.label.length > 24 ? a.label.slice(0, 23) + "…" : a.label;
-        var entity = a.url ? '<a href="' + esc(a.url) + '">' + esc(id) + "</a>" : esc(id);
+        var entity = a.url ? '<a href="' + BW.esc(a.url) + '">' + BW.esc(id) + "</a>" : BW.esc(id);
         var shown = a.host && a.entity_kind !== "rack" && a.entity_kind !== "port";
-        var host = shown ? ' <span class="bw-muted">' + esc(a.host) + "</span>" : "";
-        return "<tr><td>" + esc(a.started_at.slice(11, 19)) + "</td><td>" + entity + host + "</td><td>" +
-          esc(a.kind_label) + "</td><td>" + esc(a.summary) + "</td><td>" + a.score.toFixed(2) + "</td></tr>";
+        var host = shown ? ' <span class="bw-muted">' + BW.esc(a.host) + "</span>" : "";
+        return "<tr><td>" + BW.esc(a.started_at.slice(11, 19)) + "</td><td>" + entity + host + "</td><td>" +
+          BW.esc(a.kind_label) + "</td><td>" + BW.esc(a.summary) + "</td><td>" + a.score.toFixed(2) + "</td></tr>";
       }).join("");
     },
     "anomalies.at_risk": function (rows) {
       if (!rows.length) return '<tr class="bw-empty"><td colspan="3">No GPU above 5% risk.</td></tr>';
       return rows.map(function (g) {
         var id = g.uuid.length > 24 ? g.uuid.slice(0, 23) + "…" : g.uuid;
-        return '<tr><td><a href="' + esc(g.url) + '">' + esc(id) + '</a></td><td><a href="/nodes/' +
-          encodeURIComponent(g.host) + '/">' + esc(g.host) + "</a></td><td>" + (g.version === "failed" ? '<span data-health="failed">failed</span>' : Math.round(g.risk * 100) + "%") + "</td></tr>";
+        return '<tr><td><a href="' + BW.esc(g.url) + '">' + BW.esc(id) + '</a></td><td><a href="/nodes/' +
+          encodeURIComponent(g.host) + '/">' + BW.esc(g.host) + "</a></td><td>" + (g.version === "failed" ? '<span data-health="failed">failed</span>' : Math.round(g.risk * 100) + "%") + "</td></tr>";
       }).join("");
     }
   };
@@ -103,7 +96,7 @@
       var rows = lookup(summary, el.dataset.list);
       if (!Array.isArray(rows) || !LISTS[el.dataset.list]) return;
       // Morphed in place (patch.js): a link the operator focused or text they selected survives the push.
-      if (window.BW && BW.patch) BW.patch.morphInner(el, LISTS[el.dataset.list](rows));
+      if (BW.patch) BW.patch.morphInner(el, LISTS[el.dataset.list](rows));
       else el.innerHTML = LISTS[el.dataset.list](rows);
     });
     root.querySelectorAll("[data-zero]").forEach(function (el) {
@@ -124,46 +117,17 @@
       el.textContent = formatAge(s);
       el.classList.toggle("is-old", s !== null && s > age.staleAfter);
     });
-    if (retryAt !== null) {
-      var wait = Math.max(0, Math.ceil((retryAt - performance.now()) / 1000));
-      setConn("offline", "Offline, retrying in " + wait + " s");
-    }
-  }
-
-  function setConn(state, text) {
-    if (!conn) return;
-    conn.dataset.state = state;
-    conn.querySelector(".bw-conn-text").textContent = text;
-    conn.title = text;
-  }
-
-  function connect() {
-    retryAt = null;
-    setConn("connecting", "Connecting…");
-    var scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    var ws = new WebSocket(scheme + "//" + location.host + root.dataset.liveUrl);
-    ws.onopen = function () {
-      delay = MIN_DELAY_MS;
-      setConn("live", "Live");
-    };
-    ws.onmessage = function (event) {
-      try {
-        render(JSON.parse(event.data));
-      } catch (err) {
-        console.error("breakwater: bad fleet message", err);
-      }
-    };
-    ws.onclose = function () {
-      // Jitter spreads the reconnects of every open page after a server restart.
-      var wait = delay / 2 + Math.random() * delay / 2;
-      delay = Math.min(delay * 2, MAX_DELAY_MS);
-      retryAt = performance.now() + wait;
-      tick();
-      setTimeout(connect, wait);
-    };
   }
 
   render(JSON.parse(initial.textContent));
   setInterval(tick, 1000);
-  connect();
+  BW.live(root.dataset.liveUrl, {
+    onMessage: function (summary) {
+      try {
+        render(summary);
+      } catch (err) {
+        console.error("breakwater: bad fleet message", err);
+      }
+    }
+  });
 })();

@@ -7,6 +7,7 @@
  * the cells in the message and restyles the trace, so an update costs the changed cells plus
  * one redraw, not a new page. Colours: cividis (readable with every common colour-vision
  * deficiency) and Okabe-Ito for categories; a GPU with no value is grey, never a colour.
+ * Once a metric's grid is on screen, the page's root (#bw-heatmap-page) says which: data-metric.
  */
 (function () {
   "use strict";
@@ -21,7 +22,6 @@
   var st = { payload: null, z: null, cd: null, pos: null, socket: null, metric: null, clickBound: false,
              ready: false, drawing: false, pending: [] };
   var stats = (BW.heatmapStats = { applied: 0, lastApplyMs: null, lastCells: 0, renderedAt: null, renders: 0 });
-  BW.heatmapState = function () { return st; };  // for tests and the heatmap bench
 
   function fmt(meta, v) {
     if (v === null || v === undefined) return "no data";
@@ -62,26 +62,22 @@
     return { zmin: zmin, zmax: zmax, colorscale: stops, showscale: false };
   }
 
-  function esc(text) {
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
-
   /* The legend is HTML beside the toolbar, not a Plotly colorbar: Plotly redraws a colorbar on
    * every restyle, and a tall figure's colorbar is taller than the screen. */
   function drawLegend(meta) {
     var box = document.getElementById("heatmap-legend");
     if (!box) return;
-    var L = meta._legend, html = '<span class="bw-legend-title">' + esc(L.title) + "</span>";
+    var L = meta._legend, html = '<span class="bw-legend-title">' + BW.esc(L.title) + "</span>";
     var swatch = function (colour, label) {
-      return '<span class="bw-legend-item"><span class="bw-swatch" style="background:' + colour + '"></span>' + esc(label) + "</span>";
+      return '<span class="bw-legend-item"><span class="bw-swatch" style="background:' + colour + '"></span>' + BW.esc(label) + "</span>";
     };
     if (meta.scale === "categorical") {
       meta.categories.forEach(function (c, i) { html += swatch((meta.colours || CATEGORY_COLOURS)[i], c); });
     } else {
       var grad = CIVIDIS.map(function (c, i) { return c + " " + (100 * i / (CIVIDIS.length - 1)).toFixed(1) + "%"; });
       html += '<span class="bw-legend-scale"><span class="bw-gradient" style="background:linear-gradient(to right,' +
-        grad.join(",") + ')"></span><span class="bw-legend-ticks"><span>' + esc(L.labels[1]) + "</span><span>" +
-        esc(L.labels[2]) + "</span><span>" + esc(L.labels[3]) + "</span></span></span>";
+        grad.join(",") + ')"></span><span class="bw-legend-ticks"><span>' + BW.esc(L.labels[1]) + "</span><span>" +
+        BW.esc(L.labels[2]) + "</span><span>" + BW.esc(L.labels[3]) + "</span></span></span>";
     }
     html += swatch(NO_DATA, "no data") + swatch(EMPTY, "empty slot");
     box.innerHTML = html;
@@ -107,9 +103,9 @@
     else {
       html += "<ul>" + rows.slice(0, ATTENTION_MAX).map(function (r) {
         var i = r[1];
-        return '<li><a href="/gpus/' + encodeURIComponent(g.uuid[i]) + '/">' + esc(st.payload.grid.hosts[g.host[i]]) +
+        return '<li><a href="/gpus/' + encodeURIComponent(g.uuid[i]) + '/">' + BW.esc(st.payload.grid.hosts[g.host[i]]) +
           " GPU " + g.index[i] + '</a> <span class="bw-badge" data-health="' + meta.states[r[0]] +
-          '" style="--badge: ' + meta.colours[r[0]] + '">' + esc(meta.categories[r[0]]) + "</span></li>";
+          '" style="--badge: ' + meta.colours[r[0]] + '">' + BW.esc(meta.categories[r[0]]) + "</span></li>";
       }).join("") + "</ul>";
       if (rows.length > ATTENTION_MAX) html += '<p class="bw-muted">The first ' + ATTENTION_MAX + ' of ' + rows.length + ".</p>";
     }
@@ -202,7 +198,7 @@
       var left = xa._offset + xa.l2p(p.x0 - 0.5), top = ya._offset + ya.l2p(p.y0 - 0.5);
       if (left < 0 || left > fl.width || top < 0 || top > fl.height) return;
       html += '<span style="left:' + left.toFixed(1) + "px;top:" + top.toFixed(1) + 'px">' +
-        p.label.replace(/&/g, "&amp;").replace(/</g, "&lt;") + "</span>";
+        BW.esc(p.label) + "</span>";
     });
     box.innerHTML = html;
   }
@@ -277,6 +273,7 @@
         placeLabels();
         // Subscribe only now: a push applied while Dash is still plotting would race its redraw.
         st.ready = true;
+        document.getElementById("bw-heatmap-page").dataset.metric = st.metric;
         subscribe();
         requestAnimationFrame(function () {
           if (stats.renderedAt === null) stats.renderedAt = performance.now();

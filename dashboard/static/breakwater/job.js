@@ -30,7 +30,6 @@
   var st = { sub: 0, key: null, detail: null, ranks: new Map(), series: null, loaded: false, missing: false,
              socket: null, pending: [], note: "" };
   var stats = (BW.jobStats = { applied: 0, lastRanks: 0, lastSteps: 0, renderedAt: null });
-  BW.jobState = function () { return st; };
 
   function compact(list) { return list.filter(function (x) { return x !== null && x !== undefined && x !== ""; }); }
   function plotTime(iso) { return iso.replace(/(Z|[+-]\d\d:\d\d)$/, ""); }  // UTC wall time for Plotly

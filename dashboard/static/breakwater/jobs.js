@@ -115,7 +115,6 @@
   var st = { sub: 0, query: null, limit: 50, offset: 0, total: 0, rows: new Map(), order: [], loaded: false,
              socket: null, pending: [], clock: null };
   var stats = (BW.jobsStats = { applied: 0, lastRows: 0, renderedAt: null });
-  BW.jobsState = function () { return st; };
 
   var COLUMNS = [
     ["Job", ""], ["Name", ""], ["User", ""], ["Tenant", ""], ["Partition", ""], ["State", ""],

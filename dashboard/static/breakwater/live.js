@@ -11,6 +11,11 @@
  * subscribes to /ws/page/ by itself once the page has loaded; each pushed region is morphed into
  * the page in place (BW.patch, patch.js), so focus, typed text, open menus and scroll stay put.
  * BW.livePageStats counts what was applied (the browser tests wait on it).
+ *
+ * BW.esc(text) escapes text for HTML (element content and quoted attribute values) and for Plotly's
+ * text (hover templates, annotations): every page script that builds markup from strings uses it.
+ * Quotes are written as numeric references, which Plotly decodes too (it knows no &quot;).
+ * docs/dashboard.md ("The live-page pattern") says how a live page is put together.
  */
 (function () {
   "use strict";
@@ -19,6 +24,12 @@
   var MAX_DELAY_MS = 30000;
   var CLOSE_UNAUTHENTICATED = 4401;
   var CLOSE_FORBIDDEN = 4403;
+
+  var ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;" };
+
+  BW.esc = function (text) {
+    return String(text === null || text === undefined ? "" : text).replace(/[&<>"']/g, function (c) { return ESCAPES[c]; });
+  };
 
   function setConn(state, text) {
     var conn = document.getElementById("bw-conn");
@@ -70,10 +81,15 @@
           setConn("offline", "Not allowed");
           return;
         }
-        var wait = delay / 2 + Math.random() * delay / 2;
+        var wait = delay / 2 + Math.random() * delay / 2, retryAt = performance.now() + wait;
         delay = Math.min(delay * 2, MAX_DELAY_MS);
-        setConn("offline", "Offline, retrying in " + Math.ceil(wait / 1000) + " s");
-        setTimeout(connect, wait);
+        // The dot counts down to the retry, once a second.
+        var countdown = function () {
+          setConn("offline", "Offline, retrying in " + Math.max(0, Math.ceil((retryAt - performance.now()) / 1000)) + " s");
+        };
+        countdown();
+        var ticker = setInterval(countdown, 1000);
+        setTimeout(function () { clearInterval(ticker); connect(); }, wait);
       };
     }
 

@@ -13,13 +13,13 @@
 3. after each tick, once per simulated minute, rolls up as of the simulated time
    (`run_rollups(now=t)`), then runs each `Every` callback that fell due (the scorers), so a
    detector reading "the state as of t" sees what it would have seen at t;
-4. meanwhile `FaultWatch` (`anomaly.groundtruth`) collects what the simulator declares it planted
+4. meanwhile `FaultWatch` (`anomaly.evaluation.groundtruth`) collects what the simulator declares it planted
    (`telemetry.simulator.truth`): the latent defects it was built with (weak and hot GPUs, hot
    leaves, marginal cables) and every fault it injects, each with its entity, time and signal
    families. That is the ground truth a scenario-free run's anomalies are held against.
 
 The second half matches the members of recorded `Anomaly` events to the scenarios' ground-truth
-lines (`match_scenario`) and to the fault log (`anomaly.groundtruth.quiet_precision`). Entities are
+lines (`match_scenario`) and to the fault log (`anomaly.evaluation.groundtruth.quiet_precision`). Entities are
 compared in the simulator's terms: GPU UUID, ``owner:port``, rack name, job ``sim-<id>`` and
 ``(job, rank)``; `canonical_entities` maps whatever ids the detectors recorded onto those.
 """
@@ -39,9 +39,9 @@ from django.conf import settings
 from django.db import transaction
 from tqdm import tqdm
 
-from anomaly.groundtruth import FaultLog, FaultWatch, Precision, Seen, canonical_entities, quiet_precision
+from anomaly.evaluation.groundtruth import FaultLog, FaultWatch, Precision, Seen, canonical_entities, quiet_precision
 from telemetry.api.jobs import parse_snapshot
-from telemetry.api.training import _job_key, _record, do_record_training_steps
+from telemetry.api.training import do_record_training_steps, parse_training
 from telemetry.ingest.schema import TimeParser, parse_json
 from telemetry.ingest.writer import write_batch
 from telemetry.rollups import run_rollups
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 COLLECTOR = "scenario-eval"
 MINUTE = timedelta(minutes=1)
-# The fault log and the quiet run's matching rule live in anomaly.groundtruth; named here too, as the
+# The fault log and the quiet run's matching rule live in anomaly.evaluation.groundtruth; named here too, as the
 # harness's results carry them.
 __all__ = ["Every", "FaultLog", "FaultWatch", "Outcome", "Precision", "RunResult", "Seen", "Simulation",
            "canonical_entities", "match_scenario", "quiet_precision", "truth_targets"]
@@ -176,8 +176,7 @@ class Simulation:
                 do_sync_slurm(jobs, allocations, now=t, complete=tick.jobs.get("complete") is True)
         with self._timed("training"):
             for body in tick.training + tick.steps:
-                source, external = _job_key(body["job"])
-                rows = [_record(r, f"$.records[{i}]", times) for i, r in enumerate(body["records"])]
+                source, external, rows = parse_training(body, times)
                 do_record_training_steps(source, external, rows)
 
     def _ingest(self, tick: Tick, times: TimeParser) -> None:

@@ -9,10 +9,10 @@ detection against its ground truth, then measure precision over a scenario-free 
    ``--lead-in`` minutes of telemetry and scoring before it starts; anomaly rows are cleared before
    each run. `anomaly.scoring.score_fleet` runs every simulated minute, the failure model's
    `score_failure_risk` every ``--risk-every`` minutes (once it exists).
-3. Its anomalies are matched to its ground-truth line (`anomaly.simulation.match_scenario`).
+3. Its anomalies are matched to its ground-truth line (`anomaly.evaluation.simulation.match_scenario`).
 4. The quiet run: ``--fleet-gpus`` GPUs without scenarios, scored from the first tick; after
    ``--warmup`` minutes, ``--quiet-minutes`` are judged: the anomaly events they open, held against
-   everything the simulator declared it planted (`anomaly.groundtruth`), the alerts the anomaly-fed
+   everything the simulator declared it planted (`anomaly.evaluation.groundtruth`), the alerts the anomaly-fed
    rules would fire (`alerts.evaluation.RuleReplay`), and the straggler flags per training job-hour.
 5. A table per scenario, the quiet run, where the time went, and one ``RESULT`` line, ending PASS when every target of
    what ran is met.
@@ -32,12 +32,10 @@ from django.db import connection
 from django.db.models import Q
 from django.test.utils import override_settings
 
-from anomaly.grouping import HOLD
-from anomaly.lifecycle import COHORT_HOURS, NotEnoughData, train_cohort_model
-from anomaly.models import Anomaly, EntityScore
-from anomaly.registry import load_active
-from anomaly.scoring import score_fleet
-from anomaly.simulation import (
+from alerts.defaults import DEFAULT_RULES
+from alerts.evaluation import RuleReplay
+from alerts.models import Rule
+from anomaly.evaluation.simulation import (
     Every,
     Outcome,
     Precision,
@@ -46,6 +44,12 @@ from anomaly.simulation import (
     match_scenario,
     quiet_precision,
 )
+from anomaly.failure_pipeline import bootstrap_failure_model, score_failure_risk
+from anomaly.grouping import HOLD
+from anomaly.lifecycle import COHORT_HOURS, NotEnoughData, train_cohort_model
+from anomaly.models import Anomaly, EntityScore
+from anomaly.registry import load_active
+from anomaly.scoring import score_fleet
 from telemetry import live
 from telemetry.simulator.jobs import RUNNING, TRAINING_KINDS
 from telemetry.simulator.scenarios import SCENARIOS, Spec
@@ -325,13 +329,7 @@ class Command(BaseCommand):
 
 
 def _failure_scorer(write, opts: dict):
-    """`score_failure_risk`, with a model bootstrapped on a simulated fleet when none is active; None
-    (said once) while the failure pipeline does not exist."""
-    try:
-        from anomaly.failure_pipeline import bootstrap_failure_model, score_failure_risk
-    except ImportError as exc:
-        write(f"failure risk not scored: {exc}")
-        return None
+    """`score_failure_risk`, with a model bootstrapped on a simulated fleet when none is active."""
     if load_active("failure") is None and opts["failure_runs"] > 0:
         wall = time.perf_counter()
         # Its own seed: the bootstrap's stories must not replay the evaluated ones (train/test leakage).
@@ -403,7 +401,7 @@ def _phases(seconds: dict[str, float]) -> str:
 class QuietRun:
     """What the scenario-free run measured: its events, pages and straggler flags."""
 
-    precision: Precision  # the events opened in the scored window, judged (anomaly.groundtruth)
+    precision: Precision  # the events opened in the scored window, judged (anomaly.evaluation.groundtruth)
     standing: int  # events opened in the warm-up and still open in the window
     later: dict  # members first flagged in the window inside standing events: {"members", "unexplained"}
     fired: list[dict]  # alerts the anomaly-fed rules fired in the window (alerts.evaluation.RuleReplay)
@@ -438,10 +436,6 @@ ANOMALY_RULE_KINDS = ("anomaly", "risk", "job")
 def _anomaly_rules():
     """The default rules fed by anomaly events and scores, replayed read-only each minute: nothing is
     stored, routed or sent from the scratch run (a queued notification would reach the live workers)."""
-    from alerts.defaults import DEFAULT_RULES  # late: alerts sits above anomaly; only this count reads it
-    from alerts.evaluation import RuleReplay
-    from alerts.models import Rule
-
     return RuleReplay([Rule(**spec) for spec in DEFAULT_RULES if spec["kind"] in ANOMALY_RULE_KINDS])
 
 
