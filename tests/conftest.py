@@ -123,32 +123,7 @@ class AsgiServer(procs.Child):
     def start(self) -> AsgiServer:
         super().start()
         self.wait_port(timeout=30)
-        # For code written when stderr was a pipe (tests/security/test_secure_defaults.py's LoggedServer reads
-        # `proc.stderr.readline` in a thread): the same lines, read from the log file as they are written.
-        self.proc.stderr = _LogFollower(self)
         return self
-
-
-class _LogFollower:
-    """`readline()` over a child's log as over its stderr pipe: blocks until the next whole line is written,
-    b"" once the child has exited and everything is read. Opens the file only when first read."""
-
-    def __init__(self, child: procs.Child):
-        self.child, self._file, self._partial = child, None, b""
-
-    def readline(self) -> bytes:
-        if self._file is None:
-            self._file = open(self.child.log_path, "rb")  # noqa: SIM115 - open while the child runs
-        while True:
-            exited = not self.child.alive()  # before the read: what it wrote before exiting is read below
-            self._partial += self._file.readline()
-            if self._partial.endswith(b"\n") or (exited and self._partial):
-                line, self._partial = self._partial, b""
-                return line
-            if exited:
-                self._file.close()
-                return b""
-            time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from django.test import Client
 
 from alerts.models import ActionState, Alert, Notification, Rule, Silence
 from core.models import AuditEntry
+from tests import personas
 from tests.alerts import test_pages
 
 data = test_pages.data  # the page tests' fixture: the same alerts, rules, channels, actions and audit entries
@@ -21,7 +22,7 @@ RULE = {"name": "HbmHot", "kind": "threshold", "metric": "memory_temp", "op": ">
 
 @pytest.fixture
 def op(client, django_user_model) -> Client:
-    client.force_login(django_user_model.objects.create_user("oper", password="pw-oper-1", is_staff=True))
+    personas.signed_in(personas.operator("oper"), client)
     return client
 
 
@@ -95,7 +96,7 @@ def test_unknown_ids_are_404(op, db):
 
 def test_session_writes_need_the_csrf_token(django_user_model, data):
     client = Client(enforce_csrf_checks=True)
-    client.force_login(django_user_model.objects.create_user("oper", password="pw-oper-1", is_staff=True))
+    personas.signed_in(personas.operator("oper"), client)
     error(send(client, "post", "/rules", RULE), 403, "csrf_failed")
     assert client.get(f"{API}/rules").status_code == 200  # reads need none
     client.get("/alerts/rules/")  # a page sets the csrftoken cookie

@@ -13,11 +13,12 @@ from django.utils import timezone
 from alerts.lifecycle import Observation, do_apply_observations
 from alerts.models import ActionState, Alert, Rule, Silence
 from core.models import AuditEntry
+from tests import personas
 from tests.alerts.test_pages import make_action, make_alert
 from tests.conftest import save_screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-PASSWORD = "correct-horse-battery"
+PASSWORD = personas.PASSWORD
 H = timedelta(hours=1)
 
 
@@ -41,7 +42,7 @@ def _scenery(now) -> None:
 
 def test_operator_creates_a_rule_acks_its_alert_and_approves_a_drain(asgi_server, browser_page, settings):
     settings.REMEDIATION_BACKEND = "simulator"
-    get_user_model().objects.create_user("op", password=PASSWORD, is_staff=True)
+    personas.operator("op")
     now = timezone.now()
     _scenery(now)
     errors, page, url = [], browser_page, asgi_server.url

@@ -7,18 +7,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from alerts.models import ActionState, RemediationAction
 from alerts.remediation.actions import do_request_action
 from telemetry.models import GpuEvent
+from tests import personas
 from tests.alerts.remediation_helpers import build_fleet, rail
 from tests.alerts.test_impact import run_job, tenant
 from tests.conftest import save_screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-PASSWORD = "correct-horse-battery"
+PASSWORD = personas.PASSWORD
 
 
 def _sign_in(page, url: str) -> None:
@@ -34,7 +34,7 @@ def _focus_in_dialog(page) -> bool:
 
 
 def test_approve_shows_the_impact_in_a_dialog_and_acts_only_on_confirm(asgi_server, browser_page):
-    get_user_model().objects.create_user("op", password=PASSWORD, is_staff=True)
+    personas.operator("op")
     now = timezone.now()
     nodes = build_fleet(4, gpus=8)
     tenant("Acme", "acme-ml")

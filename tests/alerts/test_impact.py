@@ -17,6 +17,7 @@ from core.models import AuditEntry
 from dashboard.pages import alerts as page
 from telemetry.models import Allocation, GpuEvent, Job
 from tenancy.models import Tenant, TenantAccount
+from tests import personas
 from tests.alerts.remediation_helpers import FIXED_NOW, build_fleet, rail
 from tests.telemetry.factories import insert_series
 
@@ -141,8 +142,7 @@ def test_line_chart_breaks_at_gaps_and_rounds_its_scale():
 def operator(client, django_user_model, monkeypatch, settings):
     settings.REMEDIATION_BACKEND = "simulator"
     monkeypatch.setattr(page, "now", lambda: NOW)
-    client.force_login(django_user_model.objects.create_user("oper", password="pw-oper-1", is_staff=True))
-    return client
+    return personas.signed_in(personas.operator("oper"), client)
 
 
 def test_confirm_page_shows_the_preview(operator, fleet):
@@ -211,7 +211,7 @@ def test_evidence_page_shows_a_timeline_and_raw_json_behind_a_toggle(operator, f
 
 def test_api_preview_and_confirmed_approval(client, django_user_model, fleet, settings):
     settings.REMEDIATION_BACKEND = "simulator"
-    client.force_login(django_user_model.objects.create_user("api-op", password="pw", is_staff=True))
+    personas.signed_in(personas.operator("api-op"), client)
     action = request_drain("gpu-node-00")
     preview = client.get(f"/api/v1/remediation/actions/{action.pk}/impact").json()
     assert preview["gpus"] == 8 and preview["tenants"] == ["Acme", "account orphan-acct (no tenant)"]

@@ -27,6 +27,7 @@ from alerts.models import (
 )
 from core.models import AuditEntry
 from dashboard.pages import alerts as page
+from tests import personas
 from tests.conftest import FIXED_NOW
 
 NOW = FIXED_NOW
@@ -110,8 +111,7 @@ def data(db) -> dict:
 def operator(client, django_user_model, monkeypatch):
     """A signed-in operator (staff), with the pages' clock at FIXED_NOW."""
     monkeypatch.setattr(page, "now", lambda: NOW)
-    client.force_login(django_user_model.objects.create_user("oper", password="pw-oper-1", is_staff=True))
-    return client
+    return personas.signed_in(personas.operator("oper"), client)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from anomaly.models import ModelVersion
 from core.audit import do_audit
 from core.models import AuditEntry
 from telemetry.models import SAMPLE_MODELS, Node
+from tests import personas
 from tests.alerts import remediation_helpers as helpers
 from tests.alerts.remediation_helpers import FIXED_NOW, build_fleet, make_alert, rail
 
@@ -29,7 +30,7 @@ eager_celery, fake_scontrol = helpers.eager_celery, helpers.fake_scontrol  # fix
 
 @pytest.fixture
 def operator(django_user_model):
-    return django_user_model.objects.create_user(username="olivia", password="pw", is_staff=True)
+    return personas.operator("olivia")
 
 
 def _scheduled(callbacks: list) -> list:

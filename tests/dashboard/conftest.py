@@ -6,11 +6,13 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
+from tests import personas
+
 
 @pytest.fixture
 def session_cookie(client, django_user_model) -> bytes:
     """The Cookie header value of a signed-in operator's session."""
-    client.force_login(django_user_model.objects.create_user("ws-operator", password="pw-ws-operator-1", is_staff=True))
+    personas.signed_in(personas.operator("ws-operator"), client)
     name = settings.SESSION_COOKIE_NAME
     return f"{name}={client.cookies[name].value}".encode()
 

@@ -14,7 +14,6 @@ import os
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.utils import timezone
 
@@ -26,6 +25,7 @@ from telemetry.topology import do_import_topology
 from tenancy.billing import do_generate_invoice
 from tenancy.demo import month_start
 from tenancy.models import RateCard
+from tests import personas
 from tests.alerts.test_pages import make_action, make_alert
 from tests.browser_checks import page_checks, skip_link_works, watch
 from tests.conftest import CHROMIUM_ARGS, _wait_for_function, save_screenshot
@@ -103,7 +103,7 @@ def _alerting(now) -> dict:
 def _build(now) -> dict:
     do_import_topology(topology_document(build_layout(CLUSTER_GPUS)))
     world = build_world(now)
-    get_user_model().objects.create_user("op", password=PASSWORD, is_staff=True)
+    personas.operator("op")
     # As in the portal's browser test: every day of the 30-day charts is priced, and the month holding the
     # first metered day is invoiced.
     RateCard.objects.filter(pk=world["card"].pk).update(effective_from=floor_day(now) - timedelta(days=40))

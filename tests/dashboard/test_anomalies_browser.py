@@ -10,15 +10,15 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.contrib.auth import get_user_model
 
 from anomaly.models import AnomalyKind
 from telemetry.live import TELEMETRY_GROUP
+from tests import personas
 from tests.conftest import FIXED_NOW, save_screenshot
 from tests.dashboard.test_anomalies_page import POWER, STEP, TEMP, anomaly
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-PASSWORD = "correct-horse-battery"
+PASSWORD = personas.PASSWORD
 H = timedelta(hours=1)
 
 
@@ -36,7 +36,7 @@ def test_anomalies_page_draws_rows_and_chart_and_shows_a_new_event_live(asgi_ser
             summary="memory temperature +6.2σ vs peers in node", contributions=[TEMP, POWER])
     anomaly(AnomalyKind.STRAGGLER, "rank", "slurm:100#5", "gpu-0002", FIXED_NOW - 3 * H, score=0.7,
             summary="step time +8.4σ vs gang median", contributions=[STEP])
-    get_user_model().objects.create_user("anom-op", password=PASSWORD, is_staff=True)
+    personas.operator("anom-op")
     errors, page = [], browser_page
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)

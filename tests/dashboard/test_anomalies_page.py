@@ -16,6 +16,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from anomaly.models import Anomaly, AnomalyKind, EntityScore
 from dashboard.pages import anomalies as page
 from telemetry.models import Gpu, Job, JobState, Port
+from tests import personas
 from tests.conftest import FIXED_NOW
 from tests.dashboard.conftest import ws_communicator
 from tests.dashboard.test_drilldown_pages import GPU_0, GPU_2, _hca, cluster  # noqa: F401  (fixture)
@@ -62,8 +63,7 @@ def events(db) -> dict[str, Anomaly]:
 def operator(client, django_user_model, monkeypatch):
     """A signed-in operator, with the page's clock pinned to FIXED_NOW."""
     monkeypatch.setattr(page, "now", lambda: NOW)
-    client.force_login(django_user_model.objects.create_user("operator", password="pw-operator-1", is_staff=True))
-    return client
+    return personas.signed_in(personas.operator("operator"), client)
 
 
 def listed(client, query: str = "") -> list[int]:

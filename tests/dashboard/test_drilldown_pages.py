@@ -15,6 +15,7 @@ from dashboard.dash_apps.inventory import entity_series, node_series, time_str
 from telemetry.models import Allocation, Gpu, GpuEvent, Job, JobState, Node, Port
 from telemetry.series import series
 from telemetry.topology import do_import_topology, load_topology_file
+from tests import personas
 from tests.conftest import FIXED_NOW
 from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 from tests.dashboard.test_fleet_page import write_latest
@@ -36,7 +37,7 @@ def cluster(db):
 
 @pytest.fixture
 def operator(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("operator", password="pw-operator-1", is_staff=True))
+    personas.signed_in(personas.operator("operator"), client)
     return client
 
 
@@ -72,7 +73,7 @@ def test_pages_need_a_login(client, cluster, path):
 @pytest.mark.parametrize("app", APPS)
 def test_dash_endpoints_need_a_login(client, django_user_model, app):
     assert_dash_app_refuses_anonymous(client, app)
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
+    personas.signed_in(personas.operator("op"), client)
     assert client.get(f"/django_plotly_dash/app/{app}/_dash-layout").status_code == 200
 
 

@@ -19,6 +19,7 @@ from telemetry.ingest.writer import write_batch
 from telemetry.rollups import run_rollups
 from telemetry.selectors import fabric as fabric_selectors
 from telemetry.topology import do_import_topology
+from tests import personas
 from tests.conftest import FIXED_NOW
 from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 
@@ -112,7 +113,7 @@ def test_page_and_dash_endpoints_need_a_login(client, django_user_model):
     assert page.status_code == 302 and page["Location"].startswith("/login/")
     assert_dash_app_refuses_anonymous(client, "fabric")
 
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
+    personas.signed_in(personas.operator("op"), client)
     page = client.get(reverse("fabric"))
     assert page.status_code == 200
     html = page.content.decode()
@@ -160,7 +161,7 @@ def _graph(client) -> dict:
 
 @pytest.fixture
 def operator(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
+    personas.signed_in(personas.operator("op"), client)
 
 
 @pytest.mark.django_db

@@ -23,6 +23,7 @@ from telemetry.ingest.writer import write_batch
 from telemetry.rollups import run_rollups
 from telemetry.selectors import nvlink_domains, power_overview
 from telemetry.topology import do_import_topology, load_topology_file
+from tests import personas
 from tests.conftest import FIXED_NOW
 from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 
@@ -90,8 +91,8 @@ def fixed_now(monkeypatch):
 
 @pytest.fixture
 def operator(client, django_user_model):
-    user = django_user_model.objects.create_user("operator", password="pw-operator-1", is_staff=True)
-    client.force_login(user)
+    user = personas.operator("operator")
+    personas.signed_in(user, client)
     return user
 
 

@@ -20,6 +20,7 @@ from telemetry.fields import KINDS
 from telemetry.models import Gpu, Hall, IngestBatch, Node, NodeState, Rack, Row, Site
 from telemetry.selectors import fleet as selectors
 from telemetry.selectors import fleet_summary
+from tests import personas
 from tests.conftest import FIXED_NOW
 
 FRESH = FIXED_NOW - timedelta(seconds=12)
@@ -249,9 +250,7 @@ def test_summary_times_are_iso_strings_in_utc():
 
 @pytest.fixture
 def operator(django_user_model):
-    return django_user_model.objects.create_user(
-        "operator", password="pw-operator-1", is_staff=True
-    )
+    return personas.operator("operator")
 
 
 @pytest.fixture
@@ -326,7 +325,7 @@ def test_nav_offers_admin_to_staff_only_and_logs_out_by_post(client, operator, m
 def test_login_page_signs_in_and_lands_on_fleet(client, operator):
     assert client.get(reverse("login")).status_code == 200
 
-    response = client.post(reverse("login"), {"username": "operator", "password": "pw-operator-1"})
+    response = client.post(reverse("login"), {"username": "operator", "password": personas.PASSWORD})
 
     assert response.status_code == 302 and response["Location"] == reverse("fleet")
 
@@ -380,7 +379,7 @@ def test_summary_counts_open_faults_by_severity_and_lists_the_newest(client, dja
     assert faults["by_severity"] == {"critical": 2, "warning": 1, "info": 0}
     assert [(e["kind"], e["code"]) for e in faults["newest"]] == [("ecc_dbe", 0), ("xid", 13), ("xid", 79), ("xid", 79)]
 
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
+    personas.signed_in(personas.operator("op"), client)
     html = client.get("/").content.decode()
     assert "XID 79" in html and f"/gpus/{gpu.uuid}/" in html and 'id="faults-open">3<' in html
 
@@ -398,7 +397,7 @@ def test_fleet_alert_counts_are_the_alerts_lists_counts(client, django_user_mode
     alert("b", "critical", "acknowledged")
     alert("c", "warning")
     alert("d", "critical", "resolved")  # not open
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
+    personas.signed_in(personas.operator("op"), client)
 
     fleet = client.get("/").content.decode()
     alerts = client.get(reverse("alerts")).content.decode()

@@ -12,6 +12,7 @@ from django.utils import timezone
 from telemetry.models import Allocation, Gpu, GpuEvent, Job, Node
 from telemetry.selectors.racks import METRICS, THROTTLE_LABELS, heatmap_values, rack_grid
 from telemetry.topology import do_import_topology
+from tests import personas
 from tests.conftest import FIXED_NOW
 from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 from tests.dashboard.test_fleet_page import write_latest
@@ -232,7 +233,7 @@ def test_page_and_dash_endpoints_need_a_login(client, django_user_model):
     assert page.status_code == 302 and page["Location"].startswith("/login/")
     assert_dash_app_refuses_anonymous(client, "heatmap")
 
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-12345", is_staff=True))
+    personas.signed_in(personas.operator("op"), client)
     page = client.get(reverse("racks"))
     assert page.status_code == 200
     html = page.content.decode()

@@ -21,6 +21,7 @@ from telemetry.models import JobState, JobStateChange, TrainingStep
 from telemetry.selectors import jobs as job_selectors
 from telemetry.slurm import parse
 from telemetry.slurm.sync import do_sync_slurm
+from tests import personas
 from tests.conftest import FIXED_NOW
 from tests.dashboard.conftest import assert_dash_app_refuses_anonymous, ws_communicator
 from tests.telemetry.test_selectors_jobs import allocate, cluster, make_job, steps  # noqa: F401  (fixture)
@@ -39,7 +40,7 @@ def fixed_now(monkeypatch):
 
 @pytest.fixture
 def operator(client, django_user_model):
-    user = django_user_model.objects.create_user("operator", password="pw-operator-1", is_staff=True)
+    user = personas.operator("operator")
     client.force_login(user)
     return user
 

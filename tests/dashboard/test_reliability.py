@@ -14,12 +14,13 @@ from django.urls import reverse
 
 from anomaly.models import ModelKind, ModelStatus, ModelVersion
 from dashboard.pages import reliability as reliability_page
+from tests import personas
 from tests.conftest import SHARED_DATA
 from tests.telemetry.reliability_seed import NOW as FLEET_NOW
 from tests.telemetry.reliability_seed import expected_failures, gpu_days, seed_fleet
 
 TITAN = SHARED_DATA / "traces" / "titan-gpu-failures" / "gc_full.csv"
-PASSWORD = "pw-reliability-1"
+PASSWORD = personas.PASSWORD
 
 
 def titan_subset(path, digits: str = "0123") -> None:
@@ -31,8 +32,7 @@ def titan_subset(path, digits: str = "0123") -> None:
 
 @pytest.fixture
 def operator(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("rel-operator", password=PASSWORD, is_staff=True))
-    return client
+    return personas.signed_in(personas.operator("rel-operator"), client)
 
 
 @pytest.fixture

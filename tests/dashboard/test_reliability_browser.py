@@ -6,15 +6,15 @@ from __future__ import annotations
 import io
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from tests import personas
 from tests.conftest import save_screenshot
 from tests.dashboard.test_reliability import titan_subset
 from tests.telemetry.reliability_seed import expected_failures, seed_fleet
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-PASSWORD = "correct-horse-battery"
+PASSWORD = personas.PASSWORD
 
 
 def test_reliability_page_draws_figures(asgi_server, browser_page, tmp_path):
@@ -22,7 +22,7 @@ def test_reliability_page_draws_figures(asgi_server, browser_page, tmp_path):
     titan_subset(csv)
     call_command("fit_survival", "--csv", str(csv), "--points", "120", stdout=io.StringIO())
     seed_fleet()
-    get_user_model().objects.create_user("rel-op", password=PASSWORD, is_staff=True)
+    personas.operator("rel-op")
     errors, page = [], browser_page
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)

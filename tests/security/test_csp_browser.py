@@ -11,11 +11,11 @@ import re
 import time
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from dashboard.security import DASH_RENDERER_LAUNCHER, script_hash
+from tests import personas
 from tests.tenancy.test_portal import PASSWORD, build_world
 
 COLLECT_VIOLATIONS = """
@@ -99,7 +99,7 @@ class CspVisitor:
 @pytest.mark.timeout(300)
 def test_every_page_type_renders_under_the_enforced_csp_without_a_violation(asgi_server, browser_page):
     build_world(timezone.now())
-    get_user_model().objects.create_user("op", password=PASSWORD, is_staff=True)
+    personas.operator("op")
     visitor = CspVisitor(browser_page, asgi_server.url)
 
     visitor.sign_in("op")
@@ -119,7 +119,7 @@ def test_every_page_type_renders_under_the_enforced_csp_without_a_violation(asgi
 
 @pytest.fixture
 def operator_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("csp-op", password=PASSWORD, is_staff=True))
+    personas.signed_in(personas.operator("csp-op"), client)
     return client
 
 

@@ -19,9 +19,10 @@ from django.test import AsyncClient, RequestFactory
 from core.models import AuditEntry
 from core.redis_client import fast_client
 from dashboard import security
+from tests import personas
 
 pytestmark = pytest.mark.django_db
-PASSWORD = "pw-lockout-correct-1"
+PASSWORD = personas.PASSWORD
 BAD_CREDENTIALS = "Please enter a correct username and password"
 LOCKED = "Too many failed sign-ins for this account"
 
@@ -38,7 +39,7 @@ def _fresh_counters(settings):
 
 @pytest.fixture
 def alice(django_user_model):
-    return django_user_model.objects.create_user("alice", password=PASSWORD, is_staff=True)
+    return personas.operator("alice")
 
 
 def _login(client, username: str, password: str, *, path: str = "/login/", ip: str = "127.0.0.1"):

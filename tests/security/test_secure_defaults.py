@@ -18,29 +18,20 @@ import secrets
 import socket
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-import redis
 from django.conf import settings
 from django.test import Client, override_settings
 from django.views.debug import get_exception_reporter_class, get_exception_reporter_filter
 
 from dashboard.redaction import MASK, RedactingFormatter, UrlPasswordFilter, mask_url_passwords
 from dashboard.security import BAD_HOST_BODY
+from tests import procs
 from tests.conftest import REPO, AsgiServer, _wait_for_backends_to_exit
 
-BIN = Path(sys.executable).parent
 FOREIGN_HOSTS = ["evil.example", "evil.example:8000", "127.0.0.1.evil.example"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def dev_up_env(*options: str, base: dict | None = None) -> dict:
@@ -61,25 +52,16 @@ def redis_password():
 @pytest.fixture(scope="module")
 def locked_redis(tmp_path_factory, redis_password):
     """A Redis of these tests' own that refuses clients without the password: its URL carries it."""
-    port = _free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
-                             redis_password, "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path_factory.mktemp("redis"))],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = procs.free_port()
+    server = procs.Child("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
+                                   redis_password, "--save", "", "--appendonly", "no",
+                                   "--dir", str(tmp_path_factory.mktemp("redis"))], port=port).start()
     url = f"redis://:{redis_password}@127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            redis.Redis.from_url(url).ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        server.wait_port(timeout=10)
+        yield url
+    finally:
+        server.stop()
 
 
 def _secrets(redis_password: str) -> list[str]:
@@ -92,22 +74,10 @@ def _test_database_url() -> str:
     return f"postgresql://{quote(db['USER'])}:{quote(db['PASSWORD'])}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
-class LoggedServer(AsgiServer):
-    """daphne as `./dev up` runs it, with what it logs kept (drained by a thread, so it never blocks)."""
-
-    def start(self) -> None:
-        super().start()
-        self.log: list[bytes] = []
-        threading.Thread(target=lambda: self.log.extend(iter(self.proc.stderr.readline, b"")), daemon=True).start()
-
-    def log_text(self) -> str:
-        return b"".join(self.log).decode(errors="replace")
-
-
 def _server(options, locked_redis, django_db_setup, django_db_blocker):
     env = {**dev_up_env(*options), "DATABASE_URL": _test_database_url(), "REDIS_URL": locked_redis,
            "DB_CONN_MAX_AGE": "0", "LOG_LEVEL": "INFO"}
-    server = LoggedServer(env)
+    server = AsgiServer(env)  # daphne as `./dev up` runs it; what it logs is in its log file (log_text())
     server.start()
     yield server
     server.stop()
@@ -336,28 +306,19 @@ def test_a_failing_request_shows_and_logs_no_password(debug, settings, project_l
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("command", "ready"), [
-    (["worker", "-l", "info", "--concurrency", "1"], "ready."),
-    (["beat", "-l", "info"], "beat: Starting"),
-])
+@pytest.mark.parametrize(("command", "ready"), [("worker", "ready."), ("beat", "beat: Starting")])
 def test_celery_startup_banner_masks_the_broker_password(command, ready, locked_redis, redis_password, tmp_path,
                                                          django_db_setup):
     env = {**dev_up_env(), "DATABASE_URL": _test_database_url(), "REDIS_URL": locked_redis,
            "CELERY_QUEUE": "bw-sec-" + secrets.token_hex(4)}
-    extra = ["-s", str(tmp_path / "beat-schedule")] if command[0] == "beat" else []
-    proc = subprocess.Popen([str(BIN / "celery"), "-A", "dashboard", *command, *extra], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines: list[bytes] = []
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True).start()
+    argv = (procs.worker_argv(env["CELERY_QUEUE"], "secure-defaults@%h", concurrency=1, loglevel="INFO")
+            if command == "worker" else procs.beat_argv(tmp_path / "beat-schedule", loglevel="INFO"))
+    child = procs.Child(f"celery-{command}", argv, env).start()
     try:
-        deadline = time.monotonic() + 90
-        while ready not in b"".join(lines).decode(errors="replace"):
-            assert proc.poll() is None and time.monotonic() < deadline, b"".join(lines).decode()[-3000:]
-            time.sleep(0.2)
+        child.wait_log(ready, timeout=90)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    output = b"".join(lines).decode(errors="replace")
+        child.stop(timeout=30)
+    output = child.log_text()
     port = locked_redis.rsplit(":", 1)[1].split("/")[0]
     assert f"redis://:**@127.0.0.1:{port}" in output  # the banner names the broker, password masked
     assert [s for s in _secrets(redis_password) if s in output] == []

@@ -24,6 +24,7 @@ from alerts import delivery, transports, urlguard
 from alerts.forms import ChannelForm
 from alerts.models import Channel, Notification, NotificationStatus
 from alerts.receiver import Receiver
+from tests import personas
 from tests.conftest import FIXED_NOW
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -185,7 +186,7 @@ def test_channel_form_takes_a_public_url_and_an_allowlisted_one(allow):
 
 @pytest.mark.django_db
 def test_api_channel_test_answers_400_naming_the_field_and_queues_nothing(allow, client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("op", password="pw-op-1", is_staff=True))
+    personas.signed_in(personas.operator("op"), client)
     ch = channel("http://0x7f.1:6379/")
     response = client.post(f"/api/v1/channels/{ch.pk}/test", content_type="application/json")
     assert response.status_code == 400, response.content

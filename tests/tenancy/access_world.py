@@ -12,14 +12,13 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.test import Client
 
 from alerts.models import Alert, AlertEvent
-from telemetry.actions import do_create_collector_token
 from telemetry.models import Allocation, Gpu, Job, Node, Port
-from tenancy.actions import do_add_membership, do_create_api_token, do_create_tenant, do_map_account
+from tenancy.actions import do_create_tenant, do_map_account
 from tenancy.models import Invoice, InvoiceLine, Quota, UsageHour
+from tests import personas
 from tests.conftest import FIXED_NOW
 
 H = timedelta(hours=1)
@@ -93,23 +92,18 @@ class Personas:
 def make_personas(acme: TenantWorld, globex: TenantWorld) -> Personas:
     """operator (staff), acme / globex members, nobody (signed in, no role), anonymous; acme, operator and
     collector tokens."""
-    users_model = get_user_model()
     users = {
-        "operator": users_model.objects.create_user("op", password="pw-op-123456", is_staff=True),
-        "acme": users_model.objects.create_user("alice", password="pw-alice-1234"),
-        "globex": users_model.objects.create_user("gary", password="pw-gary-12345"),
-        "nobody": users_model.objects.create_user("nora", password="pw-nora-12345"),
+        "operator": personas.operator("op"),
+        "acme": personas.tenant_user(acme.tenant, "member", "alice"),
+        "globex": personas.tenant_user(globex.tenant, "member", "gary"),
+        "nobody": personas.nobody("nora"),
     }
-    do_add_membership(users["acme"], acme.tenant, "member", actor="test")
-    do_add_membership(users["globex"], globex.tenant, "member", actor="test")
     clients = {"anonymous": Client(raise_request_exception=False)}
-    for name, user in users.items():
-        clients[name] = Client(raise_request_exception=False)
-        clients[name].force_login(user)
+    clients.update({name: personas.signed_in(user) for name, user in users.items()})
     tokens = {
-        "acme_token": do_create_api_token("acme-ci", tenant=acme.tenant, actor="test")[1],
-        "operator_token": do_create_api_token("ops-script", tenant=None, read_only=False, actor="test")[1],
-        "collector_token": do_create_collector_token("rack-a01-agent"),
+        "acme_token": personas.api_token(acme.tenant, name="acme-ci"),
+        "operator_token": personas.api_token(None, name="ops-script", read_only=False),
+        "collector_token": personas.collector_token("rack-a01-agent"),
     }
     return Personas(clients, users, tokens)
 

@@ -4,16 +4,17 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from tenancy.models import Membership, Tenant
+from tests import personas
 
 
 @pytest.mark.django_db
 def test_login_lands_operators_on_the_fleet_and_tenant_users_on_the_portal(client):
     users = get_user_model()
-    users.objects.create_user("op", password="pw-op-123456", is_staff=True)
+    personas.operator("op")
     acme = Tenant.objects.create(name="Acme", slug="acme", kind="organisation")
     dev = users.objects.create_user("dev", password="pw-dev-123456")
     Membership.objects.create(user=dev, tenant=acme, role="member")
-    assert client.post("/login/", {"username": "op", "password": "pw-op-123456"})["Location"] == "/"
+    assert client.post("/login/", {"username": "op", "password": personas.PASSWORD})["Location"] == "/"
     client.logout()
     assert client.post("/login/", {"username": "dev", "password": "pw-dev-123456"})["Location"] == "/portal/"
     client.logout()

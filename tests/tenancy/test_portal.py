@@ -39,11 +39,12 @@ from telemetry.models import (
 from tenancy.billing import do_finalize_invoice, do_generate_invoice
 from tenancy.demo import GPU_MODEL, QUOTAS, USERS, install_demo, month_start
 from tenancy.models import Invoice, InvoiceLine, InvoiceState, Membership, Quota, RateCard, RatePrice, Tenant, UsageHour
+from tests import personas
 from tests.conftest import FIXED_NOW
 
 H = timedelta(hours=1)
 D = timedelta(days=1)
-PASSWORD = "demo-password-123"
+PASSWORD = personas.PASSWORD
 NOV = (month_start(FIXED_NOW), month_start(FIXED_NOW).replace(month=12))
 
 # key: (team, name, qos, GPUs held, per metered hour: busy, idle-held)
@@ -127,7 +128,7 @@ def signed_in(client, username: str):
 
 @pytest.fixture
 def operator(client, django_user_model):
-    django_user_model.objects.create_user("op", password=PASSWORD, is_staff=True)
+    personas.operator("op")
     return signed_in(client, "op")
 
 

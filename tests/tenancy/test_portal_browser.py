@@ -12,13 +12,13 @@ import io
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from dashboard.pages.portal import floor_day
 from tenancy.billing import do_generate_invoice
 from tenancy.demo import month_start
 from tenancy.models import RateCard
+from tests import personas
 from tests.conftest import save_screenshot
 from tests.tenancy.test_portal import PASSWORD, build_world
 
@@ -68,7 +68,7 @@ def test_tenant_lands_on_portal_sees_usage_and_waste_and_downloads_invoice(asgi_
     assert {r["job_key"] for r in rows[:-1]} == {"slurm:101", "slurm:102"}
 
     page.click("header button[type=submit]")  # log out
-    get_user_model().objects.create_user("op", password=PASSWORD, is_staff=True)
+    personas.operator("op")
     _sign_in(page, url, "op", f"/chargeback/?period={start:%Y-%m}")
     page.wait_for_url(f"{url}/chargeback/?period={start:%Y-%m}")
     table = page.locator("#bw-tenants")
