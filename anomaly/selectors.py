@@ -97,6 +97,11 @@ def score_reader(column: str) -> Callable[[datetime], tuple[dict, str | None]]:
     return read
 
 
+def open_anomaly_count(entity_kind: str) -> int:
+    """Open anomaly events on entities of one kind (gpu, port, rack, job)."""
+    return Anomaly.objects.filter(ended_at=None, entity_kind=entity_kind).count()
+
+
 def has_scores(column: str = "anomaly_score") -> bool:
     """Whether the detectors (or, for failure_risk, the failure model) have run at all, so a
     heatmap can tell "all healthy" from "never scored"."""
