@@ -43,6 +43,18 @@ def _isolate_from_dev() -> None:
 
 _isolate_from_dev()
 
+# Tests that took over half a second in a measured run (scripts/slow_tests.py writes the list): marked `slow`, so
+# `./dev test --fast` (no browser, Slurm or slow tests) stays a tier to run while working. CI runs everything.
+SLOW_LIST = Path(__file__).with_name("slow.txt")
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = {ln for ln in SLOW_LIST.read_text().splitlines() if ln and not ln.startswith("#")}
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
+
+
 # Tests fix time with a constant, not now().
 FIXED_NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
