@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from functools import wraps
@@ -63,6 +64,14 @@ def dash_login_required(view_function, **kwargs):
     return mark(wrapper, "dash")
 
 
+@functools.cache
+def _callback_specs(ident: str) -> dict[str, dict]:
+    """{output: {"inputs": [...], "state": [...]}} of a registered app's callbacks. Built once per process: the
+    apps and their callbacks are fixed when the URLconf loads, and building a Dash instance costs milliseconds."""
+    callbacks = DashApp.locate_item(ident, stateless=True)[1].callback_map
+    return {out: {"inputs": spec.get("inputs", []), "state": spec.get("state", [])} for out, spec in callbacks.items()}
+
+
 def malformed_update(ident: str, raw: bytes) -> str | None:
     """Why a callback request is not one this app's renderer could have sent, or None.
 
@@ -75,7 +84,7 @@ def malformed_update(ident: str, raw: bytes) -> str | None:
         return "the body is not JSON"
     if not isinstance(body, dict) or not isinstance(body.get("output"), str):
         return "the body is not a Dash callback request (an object with an output)"
-    spec = DashApp.locate_item(ident, stateless=True)[1].callback_map.get(body["output"])
+    spec = _callback_specs(ident).get(body["output"])
     if spec is None:
         return f"this app has no callback for {body['output'][:100]!r}"
     for part in ("inputs", "state"):
