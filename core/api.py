@@ -118,6 +118,14 @@ def api_error(exc: BaseException) -> ApiError | None:
     return None
 
 
+def _answer(exc: Exception) -> JsonResponse:
+    """The error body for `exc`, or `exc` raised again when it is a bug."""
+    err = api_error(exc)
+    if err is None:
+        raise exc
+    return err.response()
+
+
 def json_edge(view: Callable) -> Callable:
     """Answer every exception `api_error` knows with the one error body (sync or async views)."""
     if iscoroutinefunction(view):
@@ -126,10 +134,7 @@ def json_edge(view: Callable) -> Callable:
             try:
                 return await view(request, *args, **kwargs)
             except Exception as exc:
-                err = api_error(exc)
-                if err is None:
-                    raise
-                return err.response()
+                return _answer(exc)
 
         return async_wrapper
 
@@ -138,10 +143,7 @@ def json_edge(view: Callable) -> Callable:
         try:
             return view(request, *args, **kwargs)
         except Exception as exc:
-            err = api_error(exc)
-            if err is None:
-                raise
-            return err.response()
+            return _answer(exc)
 
     return wrapper
 
