@@ -31,7 +31,7 @@ import time
 import redis
 from django.conf import settings
 
-from alerts.tasks import evaluate
+from core.queue import enqueue
 from core.redis_client import shared_client
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def schedule_evaluation() -> None:
         logger.warning("alert evaluation not scheduled (Redis): %s", exc)
         return
     try:
-        evaluate.apply_async(countdown=delay if delay >= 0.01 else None)
+        enqueue("alerts.tasks.evaluate", countdown=delay if delay >= 0.01 else None)
     except Exception:
         logger.exception("alert evaluation not scheduled (broker)")
         clear_evaluation_flag()

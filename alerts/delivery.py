@@ -30,10 +30,11 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from alerts import tasks, transports, urlguard
+from alerts import transports, urlguard
 from alerts.models import Channel, DeliveryAttempt, Notification, NotificationEvent, NotificationStatus
 from alerts.transports import DeliveryResult, TransportError
 from core.audit import actor_name, do_audit
+from core.queue import enqueue
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def _schedule_retry(row: Notification, result: DeliveryResult, now: datetime) ->
     Notification.objects.filter(pk=row.pk).update(status=NotificationStatus.PENDING, claimed_at=None,
                                                   next_attempt_at=now + timedelta(seconds=delay), error=result.error)
     # robust: if the broker is down the row is still pending and the sweep sends it later.
-    transaction.on_commit(lambda: tasks.deliver.apply_async(args=[row.pk], countdown=delay), robust=True)
+    transaction.on_commit(lambda: enqueue("alerts.tasks.deliver", row.pk, countdown=delay), robust=True)
     return "retry"
 
 
@@ -205,7 +206,7 @@ def sweep_outbox(now: datetime) -> int:
     rows = Notification.objects.filter(lost | _stale_claim(now)).order_by("next_attempt_at", "pk")
     ids = list(rows.values_list("pk", flat=True)[:SWEEP_BATCH])
     for notification_id in ids:
-        tasks.deliver.apply_async(args=[notification_id])
+        enqueue("alerts.tasks.deliver", notification_id)
     if ids:
         log.info("outbox sweep re-enqueued %d notification(s)", len(ids))
     return len(ids)
@@ -239,7 +240,7 @@ def do_send_test(channel_id: int, user) -> Notification:
         dedup_key=f"breakwater-test-{uuid.uuid4().hex}", payload=build_test_payload(channel, now, actor),
         created_at=now, next_attempt_at=now)
     do_audit(actor, "test", "channel", channel.pk, outcome="queued", detail={"notification": notification.pk}, at=now)
-    transaction.on_commit(lambda: tasks.deliver.delay(notification.pk), robust=True)
+    transaction.on_commit(lambda: enqueue("alerts.tasks.deliver", notification.pk), robust=True)
     return notification
 
 

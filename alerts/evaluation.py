@@ -31,7 +31,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from alerts.actions import clear_evaluation_flag, record_evaluation
-from alerts.lifecycle import Observation, apply_observations, do_hold_pending, do_resolve_orphans, lock_lifecycle
+from alerts.lifecycle import Observation, apply_observations, do_hold_pending, do_resolve_orphans
+from alerts.locks import lock_lifecycle
 from alerts.models import AlertState, EntityKind, Rule, RuleKind, RulePending
 from anomaly.selectors import current_members
 from telemetry import health

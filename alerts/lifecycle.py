@@ -28,6 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from alerts import live
+from alerts.locks import lock_lifecycle
 from alerts.matching import fingerprint
 from alerts.models import (
     Alert,
@@ -40,13 +41,12 @@ from alerts.models import (
     RulePending,
     Severity,
 )
-from alerts.tasks import run_playbooks
+from alerts.routing import do_route_alerts
 from core.audit import actor_name, do_audit
+from core.queue import enqueue
 
 logger = logging.getLogger(__name__)
 
-# pg_advisory_xact_lock(namespace, key): one writer of the alert lifecycle at a time.
-LIFECYCLE_LOCK = (0x6277_0006, 1)
 # Annotations that change on every evaluation of a gauge; a change of only these is not a new sighting.
 VOLATILE_ANNOTATIONS = frozenset({"summary", "value", "seconds"})
 RULE_ACTOR = "system:rules"
@@ -80,19 +80,6 @@ class Outcome:
     @property
     def changed(self) -> list[int]:
         return self.fired + self.merged + self.resolved
-
-
-def lock_lifecycle(*, wait: bool = True) -> bool:
-    """Take the lifecycle's advisory lock until the end of the current transaction.
-
-    With wait=False, returns False at once when another transaction holds it.
-    """
-    with connection.cursor() as cur:
-        if not wait:
-            cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(LIFECYCLE_LOCK))
-            return cur.fetchone()[0]
-        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", list(LIFECYCLE_LOCK))
-        return True
 
 
 def do_apply_observations(rule: Rule | None, observations: list[Observation], now: datetime, *,
@@ -228,8 +215,6 @@ def _route(alert_ids: list[int], now: datetime) -> None:
     """Silences, inhibition and groups for the changed alerts, in this transaction (alerts.routing)."""
     if not alert_ids:
         return
-    from alerts.routing import do_route_alerts  # late: routing imports the lifecycle's models and more
-
     do_route_alerts(alert_ids, now)
     live.publish_on_commit(live.ALERTS)
 
@@ -239,13 +224,13 @@ def _run_playbooks_on_commit(alert_ids: list[int]) -> None:
         return
     ids = list(alert_ids)
 
-    def enqueue() -> None:
+    def send() -> None:
         try:
-            run_playbooks.delay(ids)
+            enqueue("alerts.tasks.run_playbooks", ids)
         except Exception:  # the broker is down: the alerts stand, only the playbook suggestion is lost
             logger.exception("could not enqueue playbooks for alerts %s", ids)
 
-    transaction.on_commit(enqueue)
+    transaction.on_commit(send)
 
 
 @transaction.atomic
@@ -342,14 +327,10 @@ def _operator_event(alert: Alert, kind: str, verb: str, actor, note: str, now: d
 # --- Prometheus Alertmanager ------------------------------------------------------------------------
 
 @transaction.atomic
-def do_ingest_alertmanager(payload: dict, now: datetime) -> list[int]:
-    """Apply an Alertmanager webhook (v4): firing alerts fire or merge, resolved ones resolve.
-
-    Raises `alerts.alertmanager.PayloadError` (naming the field) before anything is written.
-    """
-    from alerts.alertmanager import parse_webhook  # alertmanager builds this module's Observations
-
-    firing, resolved = parse_webhook(payload)
+def do_apply_alertmanager(firing: list[Observation], resolved: list[tuple[dict, datetime | None]],
+                           now: datetime) -> list[int]:
+    """Apply a parsed Alertmanager webhook (`alerts.alertmanager.parse_webhook`): firing alerts fire or merge,
+    resolved ones (labels, ends_at) resolve."""
     out = apply_observations(None, firing, now, complete=False, source=AlertSource.ALERTMANAGER,
                              actor="system:alertmanager")
     fps = {fingerprint(labels): ends_at for labels, ends_at in resolved}

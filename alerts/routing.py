@@ -31,7 +31,7 @@ from django.db.models import Min
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from alerts.lifecycle import lock_lifecycle
+from alerts.locks import lock_lifecycle
 from alerts.matching import matches
 from alerts.models import (
     Alert,
@@ -46,8 +46,8 @@ from alerts.models import (
     NotificationStatus,
     Route,
 )
-from alerts.silences import OPEN_STATES, active_silences, compute_mute, do_sweep_silences, inhibition_targets
-from alerts.tasks import deliver, flush_groups
+from alerts.muting import OPEN_STATES, active_silences, compute_mute, inhibition_targets
+from core.queue import enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def _next_flush(group: AlertGroup, route: Route, fresh: bool, now: datetime) -> 
 def _schedule_flush(due: list[datetime], now: datetime) -> None:
     """After commit, one flush task per distinct due second (group_wait 0 sends at once, not at the next beat)."""
     for countdown in sorted({max(0, math.ceil((t - now).total_seconds())) for t in due}):
-        transaction.on_commit(lambda c=countdown: flush_groups.apply_async(countdown=c), robust=True)
+        transaction.on_commit(lambda c=countdown: enqueue("alerts.tasks.flush_groups", countdown=c), robust=True)
 
 
 # --- Flushing -------------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def _schedule_flush(due: list[datetime], now: datetime) -> None:
 def do_flush_due_groups(now: datetime | None = None) -> int:
     """Send what due groups have to say (see the module docstring); returns the number of notifications made.
 
-    1. silences that started or ended by the clock are swept first (alerts.silences.do_sweep_silences);
+    1. silences that started or ended by the clock are swept first (do_sweep_silences, below);
     2. due groups are claimed in batches, each batch in its own transaction, FOR UPDATE SKIP LOCKED;
     3. a group whose alerts another transaction is changing is left due: that change re-schedules it.
     """
@@ -351,7 +351,7 @@ def _notify(group: AlertGroup, route: Route, channels: list[Channel], alerts: li
                                            payload=payload, status=NotificationStatus.PENDING, created_at=now,
                                            next_attempt_at=now)
         note.alerts.set(alerts)
-        transaction.on_commit(lambda nid=note.pk: deliver.delay(nid), robust=True)
+        transaction.on_commit(lambda nid=note.pk: enqueue("alerts.tasks.deliver", nid), robust=True)
     return len(channels)
 
 
@@ -465,3 +465,25 @@ def _alert_payload(alert: Alert) -> dict:
         "starts_at": alert.starts_at.isoformat(), "ends_at": alert.ends_at.isoformat() if alert.ends_at else None,
         "url": alert_url(alert.pk),
     }
+
+
+def do_sweep_silences(now: datetime) -> int:
+    """Re-route open alerts whose silence ended on its own or that a silence which has just started covers.
+
+    Silences start and end by the clock, with no event to hook; the flush task runs this every few seconds.
+    It takes the lifecycle's lock without waiting: while an evaluation (or another sweep) holds it, the flush
+    goes on and the next one sweeps. Returns the number of alerts re-routed.
+    """
+    with transaction.atomic():
+        if not lock_lifecycle(wait=False):
+            return 0
+        active = list(active_silences(now))
+        open_alerts = Alert.objects.filter(state__in=OPEN_STATES)
+        ended = open_alerts.filter(silenced_by__isnull=False).exclude(silenced_by__in=active)
+        ids = set(ended.values_list("id", flat=True))
+        if active:
+            ids.update(a.pk for a in open_alerts.filter(silenced_by__isnull=True).only("id", "labels")
+                       if any(matches(a.labels, s.matchers) for s in active))
+        if ids:
+            do_route_alerts(sorted(ids), now)
+    return len(ids)

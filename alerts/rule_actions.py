@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import CharField
 
+from alerts.lifecycle import do_resolve_alert
 from alerts.models import AlertState, Rule
 from alerts.selectors import RULE_FIELDS
 from core.audit import actor_name, do_audit
@@ -123,7 +124,5 @@ def do_delete_rule(rule_id: int, user) -> None:
 
 def _resolve_open_alerts(rule: Rule, user, note: str) -> None:
     # The evaluator only looks at enabled rules: without this, a disabled rule's alerts would fire for ever.
-    from alerts.lifecycle import do_resolve_alert  # the lifecycle module records the events and routes them
-
     for alert_id in rule.alerts.exclude(state=AlertState.RESOLVED).values_list("pk", flat=True):
         do_resolve_alert(alert_id, actor_name(user), note)

@@ -1,4 +1,7 @@
-"""What mutes an alert: silences, maintenance windows and inhibition rules (Alertmanager's semantics).
+"""Changing what mutes alerts: silences, maintenance windows and inhibition rules; each change re-routes the
+alerts it touches. What muting means, and the reads, are in alerts.muting.
+
+What mutes an alert (Alertmanager's semantics):
 
 - An alert is *silenced* by an active silence (starts_at <= now < ends_at, not expired by hand) whose matchers
   all match its labels; a maintenance window is a silence that also blocks remediation on its targets.
@@ -13,101 +16,17 @@ alerts.routing.do_route_alerts; the actions here change silences and rules, then
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
-from django.db.models import Q, QuerySet
+from django.db import transaction
 from django.utils import timezone
 
-from alerts.lifecycle import LIFECYCLE_LOCK
 from alerts.matching import check_regexes, matches
-from alerts.models import Alert, AlertState, InhibitRule, Silence, SilenceKind, validate_matchers
+from alerts.models import Alert, InhibitRule, Silence, SilenceKind, validate_matchers
+from alerts.muting import OPEN_STATES, open_alerts_matching
+from alerts.routing import do_route_alerts
 from core.audit import actor_name, do_audit
-
-OPEN_STATES = (AlertState.FIRING, AlertState.ACKNOWLEDGED)
-
-
-# --- Reads ---------------------------------------------------------------------------------------------
-
-def active_silences(now: datetime) -> QuerySet[Silence]:
-    """Silences in force at `now`, oldest first (the first match is the one an alert records)."""
-    return (Silence.objects.filter(starts_at__lte=now, ends_at__gt=now)
-            .filter(Q(expired_at__isnull=True) | Q(expired_at__gt=now)).order_by("starts_at", "id"))
-
-
-@dataclass(frozen=True)
-class Mute:
-    """Why an alert is muted now: the silence and the inhibiting alert (either may be None)."""
-
-    silence: Silence | None
-    source: Alert | None
-
-    @property
-    def ids(self) -> tuple[int | None, int | None]:
-        return (self.silence.pk if self.silence else None, self.source.pk if self.source else None)
-
-
-def compute_mute(alert: Alert, silences: list[Silence], rules: list[InhibitRule]) -> Mute:
-    """The silence and the inhibiting source that mute `alert` now, given the active silences and enabled rules."""
-    silence = next((s for s in silences if matches(alert.labels, s.matchers)), None)
-    return Mute(silence, inhibiting_source(alert, rules))
-
-
-def inhibiting_source(alert: Alert, rules: list[InhibitRule]) -> Alert | None:
-    """The first open, unmuted alert that inhibits `alert` under one of `rules`, or None."""
-    for rule in rules:
-        if not matches(alert.labels, rule.target_matchers):
-            continue
-        two_sided = matches(alert.labels, rule.source_matchers)
-        for cand in _source_candidates(alert, rule):
-            if not matches(cand.labels, rule.source_matchers) or not _equal(cand.labels, alert.labels, rule.equal):
-                continue
-            if two_sided and matches(cand.labels, rule.target_matchers):
-                continue
-            return cand
-    return None
-
-
-def _source_candidates(alert: Alert, rule: InhibitRule) -> QuerySet[Alert]:
-    """Open unmuted alerts other than `alert`, narrowed in SQL by the rule's equality matchers and equal labels."""
-    must = {m["name"]: m["value"] for m in rule.source_matchers if m.get("op", "=") == "=" and m["value"]}
-    must.update({name: alert.labels[name] for name in rule.equal if alert.labels.get(name)})
-    qs = Alert.objects.filter(state__in=OPEN_STATES, silenced_by__isnull=True, inhibited_by__isnull=True)
-    if must:
-        qs = qs.filter(labels__contains=must)
-    return qs.exclude(pk=alert.pk).order_by("id")
-
-
-def _equal(a: dict, b: dict, names: list[str]) -> bool:
-    # A label missing on both sides counts as equal (both are the empty string), as in Alertmanager.
-    return all(str(a.get(n, "")) == str(b.get(n, "")) for n in names)
-
-
-def inhibition_targets(source: Alert, rules: list[InhibitRule]) -> set[int]:
-    """Open alerts that `source` could inhibit now (it matches a rule's source side), by id."""
-    found: set[int] = set()
-    for rule in rules:
-        if not matches(source.labels, rule.source_matchers):
-            continue
-        must = {n: source.labels[n] for n in rule.equal if source.labels.get(n)}
-        qs = Alert.objects.filter(state__in=OPEN_STATES).exclude(pk=source.pk)
-        if must:
-            qs = qs.filter(labels__contains=must)
-        found.update(a.pk for a in qs.only("id", "labels")
-                     if matches(a.labels, rule.target_matchers) and _equal(a.labels, source.labels, rule.equal))
-    return found
-
-
-def open_alerts_matching(matchers: list[dict]) -> list[int]:
-    """Ids of open alerts whose labels match all `matchers` (equality matchers narrow the scan in SQL)."""
-    must = {m["name"]: m["value"] for m in matchers if m.get("op", "=") == "=" and m["value"]}
-    qs = Alert.objects.filter(state__in=OPEN_STATES)
-    if must:
-        qs = qs.filter(labels__contains=must)
-    return [a.pk for a in qs.only("id", "labels").order_by("id") if matches(a.labels, matchers)]
-
 
 # --- Silences ------------------------------------------------------------------------------------------
 
@@ -182,29 +101,6 @@ def do_expire_silence(silence_id: int, user=None, now: datetime | None = None) -
     return silence
 
 
-def do_sweep_silences(now: datetime) -> int:
-    """Re-route open alerts whose silence ended on its own or that a silence which has just started covers.
-
-    Silences start and end by the clock, with no event to hook; the flush task runs this every few seconds.
-    It takes the lifecycle's lock without waiting: while an evaluation (or another sweep) holds it, the flush
-    goes on and the next one sweeps. Returns the number of alerts re-routed.
-    """
-    with transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(LIFECYCLE_LOCK))
-            if not cur.fetchone()[0]:
-                return 0
-        active = list(active_silences(now))
-        open_alerts = Alert.objects.filter(state__in=OPEN_STATES)
-        ended = open_alerts.filter(silenced_by__isnull=False).exclude(silenced_by__in=active)
-        ids = set(ended.values_list("id", flat=True))
-        if active:
-            ids.update(a.pk for a in open_alerts.filter(silenced_by__isnull=True).only("id", "labels")
-                       if any(matches(a.labels, s.matchers) for s in active))
-        _reroute(sorted(ids), now)
-    return len(ids)
-
-
 # --- Inhibition rules ----------------------------------------------------------------------------------
 
 def do_upsert_inhibit_rule(name: str, *, source_matchers: list[dict], target_matchers: list[dict],
@@ -232,6 +128,4 @@ def do_upsert_inhibit_rule(name: str, *, source_matchers: list[dict], target_mat
 def _reroute(alert_ids: list[int], now: datetime) -> None:
     if not alert_ids:
         return
-    from alerts.routing import do_route_alerts  # late: routing imports this module
-
     do_route_alerts(alert_ids, now)

@@ -5,8 +5,12 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+from alerts.delivery import deliver_notification
+from alerts.delivery import sweep_outbox as sweep
+from alerts.evaluation import EvaluationBusy, run_evaluation
 from alerts.remediation.executor import execute
 from alerts.remediation.playbooks import run_playbooks_for_alerts
+from alerts.routing import do_flush_due_groups
 
 BUSY_RETRY_S = 1.0  # an ingest-triggered evaluation that finds one running tries again this much later
 
@@ -20,8 +24,6 @@ def evaluate(backstop: bool = False) -> dict:
     later: the running pass may have read before the commit that queued it. The trigger flag stays
     set meanwhile, so further commits add nothing to the queue (alerts.actions.schedule_evaluation).
     """
-    from alerts.evaluation import EvaluationBusy, run_evaluation  # it queues this module\'s tasks
-
     try:
         return run_evaluation(timezone.now(), wait=False)
     except EvaluationBusy:
@@ -34,24 +36,18 @@ def evaluate(backstop: bool = False) -> dict:
 @shared_task(name="alerts.tasks.flush_groups", acks_late=True)
 def flush_groups() -> int:
     """Send what alert groups have due (group_wait, group_interval, repeat_interval, escalation)."""
-    from alerts.routing import do_flush_due_groups  # it queues this module\'s tasks
-
     return do_flush_due_groups(timezone.now())
 
 
 @shared_task(name="alerts.tasks.deliver", acks_late=True)
 def deliver(notification_id: int) -> str:
     """Deliver one outbox row; retries are scheduled by the delivery module itself (bounded, with backoff)."""
-    from alerts.delivery import deliver_notification  # it queues this module\'s tasks
-
     return deliver_notification(notification_id)
 
 
 @shared_task(name="alerts.tasks.sweep_outbox", acks_late=True)
 def sweep_outbox() -> int:
     """Re-enqueue outbox rows whose retry is due or whose worker died mid-delivery."""
-    from alerts.delivery import sweep_outbox as sweep  # it queues this module\'s tasks
-
     return sweep(timezone.now())
 
 

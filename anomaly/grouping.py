@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 
 from anomaly.findings import Finding
 from anomaly.models import AnomalyKind
+from telemetry.models import Port
 
 # How long a cause must stay quiet before its event closes. The longest window any minute detector
 # reads is the last hour (XID events in the last hour): a condition that recurs within it is the same
@@ -84,8 +85,6 @@ def cause_key(f: Finding, port_leaves: dict[str, str]) -> str:
 def port_leaves(port_ids: Iterable[str]) -> dict[str, str]:
     """Port id -> `leaf:<switch>`: the leaf it is on, else the leaf its cable ends on (an HCA port, a
     spine port), else its own switch or node. One query for the ports among a pass's findings."""
-    from telemetry.models import Port  # the inventory: anomaly reads telemetry's models, never the reverse
-
     ids = [int(i) for i in set(port_ids) if i.isdigit()]
     out = {}
     rows = Port.objects.filter(id__in=ids).values_list(

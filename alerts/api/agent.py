@@ -14,7 +14,7 @@ from django.db import close_old_connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from alerts.remediation.backends.agent import do_poll_agent_commands, do_record_agent_result
+from alerts.remediation.executor import do_poll_agent_commands, do_record_agent_result
 from core.api import ApiError, ErrorCode, collector_endpoint, json_edge, method_not_allowed, read_json
 from telemetry.api.auth import authenticate_collector
 

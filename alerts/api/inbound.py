@@ -18,8 +18,8 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from alerts.alertmanager import PayloadError
-from alerts.lifecycle import do_ingest_alertmanager
+from alerts.alertmanager import PayloadError, parse_webhook
+from alerts.lifecycle import do_apply_alertmanager
 from core.api import ApiError, ErrorCode, collector_endpoint, json_edge, method_not_allowed, read_json
 from telemetry.api.auth import authenticate_collector
 
@@ -55,7 +55,7 @@ def alertmanager_webhook(request: HttpRequest) -> JsonResponse:
         where = nul or "(body)"
         raise ApiError(400, ErrorCode.BAD_PAYLOAD, f"{where}: contains a NUL character", where=where)
     try:
-        changed = do_ingest_alertmanager(payload, timezone.now())
+        changed = do_apply_alertmanager(*parse_webhook(payload), timezone.now())
     except PayloadError as exc:
         raise ApiError(400, ErrorCode.BAD_PAYLOAD, str(exc), where=exc.path) from exc
     except DataError as exc:  # a value past a column's size (an alertname over 200 characters); nothing written

@@ -20,10 +20,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from alerts.models import TARGET_KIND, ActionKind, ActionMode, ActionState, Alert, Playbook, RemediationAction
-from alerts.remediation.backends import BackendError, get_backend
+from alerts.remediation.backends import get_backend
+from alerts.remediation.backends.base import BackendError
 from alerts.remediation.guards import Target, blocked_reason, lock_kind, resolve_target
 from anomaly.models import ModelStatus, ModelVersion
 from core.audit import actor_name, do_audit
+from core.queue import enqueue
 from telemetry.models import Job
 from telemetry.selectors.inventory import latest_gpu_rows
 
@@ -190,9 +192,7 @@ def _user(user):
 
 
 def _enqueue_execution(action_id: int) -> None:
-    from alerts.tasks import execute_action  # queues a task: alerts.tasks imports this module
-
-    transaction.on_commit(lambda: execute_action.delay(action_id))
+    transaction.on_commit(lambda: enqueue("alerts.tasks.execute_action", action_id))
 
 
 def _audit_detail(action: RemediationAction) -> dict:

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from alerts.models import AlertEvent, RemediationAction
 from alerts.remediation.guards import resolve_target
+from anomaly.models import Anomaly
 from core.models import AuditEntry
 from telemetry.models import Gpu, GpuEvent, GpuEventKind
 from telemetry.selectors.fleet import gpu_events
@@ -100,8 +101,6 @@ def _fault_entries(gpus: list[Gpu], start: datetime, end: datetime) -> list[Entr
 
 
 def _anomaly_entries(action: RemediationAction, gpus: list[Gpu], start: datetime, end: datetime) -> list[Entry]:
-    from anomaly.models import Anomaly  # anomaly sits beside alerts' inputs; imported where the timeline needs it
-
     target = resolve_target(action.kind, action.target_key)
     where = Q(entity_kind="gpu", entity_id__in=[g.uuid for g in gpus])
     if target.node is not None:

@@ -24,10 +24,18 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from alerts.models import ActionKind, ActionState, AgentCommandState, RemediationAction
-from alerts.remediation.backends import Backend, BackendError, get_backend
+from alerts.models import ActionKind, ActionState, AgentCommand, AgentCommandState, RemediationAction
+from alerts.remediation.backends import get_backend
+from alerts.remediation.backends.agent import (
+    AgentResultError,
+    describe_command,
+    expire_agent_commands,
+    parse_agent_result,
+)
+from alerts.remediation.backends.base import Backend, BackendError
 from alerts.remediation.guards import blocked_reason, lock_kind, resolve_target
 from core.audit import do_audit
+from core.queue import enqueue
 from telemetry.actions import do_set_node_state
 
 logger = logging.getLogger(__name__)
@@ -124,16 +132,12 @@ def _complete(action: RemediationAction, *, verified: bool | None, result: dict,
 # --- Agent actions: finished by the agent's report, or by expiry --------------------------------------------
 
 def _schedule_agent_check(action_id: int) -> None:
-    from alerts.tasks import execute_action  # queues a task: alerts.tasks imports this module
-
     grace = settings.AGENT_COMMAND_TTL + timedelta(seconds=30)
-    transaction.on_commit(lambda: execute_action.apply_async((action_id,), countdown=grace.total_seconds()))
+    transaction.on_commit(lambda: enqueue("alerts.tasks.execute_action", action_id, countdown=grace.total_seconds()))
 
 
 def check_agent_action(action_id: int, now: datetime) -> str:
     """Expire commands the agent never fetched or answered, then finish the action if nothing is outstanding."""
-    from alerts.remediation.backends.agent import do_expire_agent_commands  # the agent backend imports this module
-
     do_expire_agent_commands(now)
     outcome = finish_agent_action(action_id, now=now)
     if outcome.startswith("already "):  # the expiry above (or the agent's report) has just finished it
@@ -160,8 +164,53 @@ def finish_agent_action(action_id: int, *, now: datetime | None = None) -> str:
 
 
 def _agent_row(cmd) -> dict:
-    from alerts.remediation.backends.agent import describe_command  # the agent backend imports this module
-
     return {"cmd": describe_command(cmd.hostname, cmd.command, cmd.params), "agent_command": cmd.pk,
             "state": cmd.state, "rc": cmd.result.get("rc"), "output": str(cmd.result.get("output", ""))[-2000:],
             "readback": cmd.result.get("readback")}
+
+
+# --- The agent's command channel (alerts.api.agent calls these) ---------------------------------------------
+
+@transaction.atomic
+def do_poll_agent_commands(hostname: str, *, now: datetime | None = None) -> list[AgentCommand]:
+    """The host's queued, unexpired commands, oldest first, marked sent. Two polls at once never both get one."""
+    now = now or timezone.now()
+    do_expire_agent_commands(now, hostname=hostname)
+    commands = list(AgentCommand.objects.select_for_update(skip_locked=True)
+                    .filter(hostname=hostname, state=AgentCommandState.QUEUED, expires_at__gt=now)
+                    .order_by("created_at", "id"))
+    for cmd in commands:
+        cmd.state, cmd.sent_at = AgentCommandState.SENT, now
+    AgentCommand.objects.bulk_update(commands, ["state", "sent_at"])
+    return commands
+
+
+@transaction.atomic
+def do_expire_agent_commands(now: datetime, *, hostname: str | None = None) -> int:
+    """Expire the agent commands past their TTL (`expire_agent_commands`) and finish their actions, which fail;
+    returns how many actions were finished."""
+    actions = expire_agent_commands(now, hostname=hostname)
+    for action_id in actions:
+        finish_agent_action(action_id, now=now)
+    return len(actions)
+
+
+@transaction.atomic
+def do_record_agent_result(command_id: int, payload: object, *, now: datetime | None = None) -> AgentCommand:
+    """Store the agent's report of one command and finish its action. A repeated report (the agent retried a
+    post whose answer it lost) returns the command unchanged; a report for an expired command is refused."""
+    now = now or timezone.now()
+    result = parse_agent_result(payload)
+    cmd = AgentCommand.objects.select_for_update().filter(pk=command_id).first()
+    if cmd is None:
+        raise AgentResultError(404, "not_found", f"no agent command #{command_id}")
+    if cmd.state in (AgentCommandState.DONE, AgentCommandState.FAILED):
+        return cmd
+    if cmd.state == AgentCommandState.EXPIRED:
+        raise AgentResultError(410, "expired", f"agent command #{command_id} expired; its action has failed")
+    cmd.state = AgentCommandState.DONE if result["ok"] else AgentCommandState.FAILED
+    cmd.result, cmd.finished_at = result, now
+    cmd.save(update_fields=["state", "result", "finished_at"])
+    if cmd.action_id:
+        finish_agent_action(cmd.action_id, now=now)
+    return cmd

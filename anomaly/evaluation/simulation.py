@@ -42,7 +42,8 @@ from tqdm import tqdm
 from anomaly.evaluation.groundtruth import FaultLog, FaultWatch, Precision, Seen, canonical_entities, quiet_precision
 from telemetry.api.jobs import parse_snapshot
 from telemetry.api.training import do_record_training_steps, parse_training
-from telemetry.ingest.schema import TimeParser, parse_json
+from telemetry.ingest.documents import parse_json
+from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
 from telemetry.rollups import run_rollups
 from telemetry.simulator.dynamics import Cluster, Tick

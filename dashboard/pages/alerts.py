@@ -31,7 +31,7 @@ from alerts.remediation import actions as remediation_actions
 from alerts.remediation import evidence
 from alerts.remediation.actions import ActionError
 from alerts.remediation.impact import APPROVABLE, action_impact, confirm_token, confirmed
-from dashboard.pages.inventory import duration, when
+from dashboard.pages.formatting import duration, when
 from dashboard.pages.svgchart import line_chart
 from telemetry import health
 from telemetry.models import Gpu, Node

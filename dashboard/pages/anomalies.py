@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from anomaly import selectors
 from anomaly.models import AnomalyKind
-from dashboard.pages import inventory  # a module import: inventory imports this module too
+from dashboard.pages.formatting import when
 from dashboard.staticfiles import DASH_ASSET_VERSION
 from tenancy.access import operator_required
 
@@ -95,9 +95,9 @@ def display_row(row: dict) -> dict:
     """A selector row with its display texts and explanation chips."""
     score = f"{100 * row['score']:.1f}%" if row["kind"] == AnomalyKind.FAILURE_RISK else f"{row['score']:.2f}"
     ended = row["ended_at"]
-    until_title = inventory.when(ended) if ended else f"open, last seen {inventory.when(row['last_seen'])}"
+    until_title = when(ended) if ended else f"open, last seen {when(row['last_seen'])}"
     return {**row, "score_text": score,
-            "since_text": short_time(row["started_at"]), "since_title": inventory.when(row["started_at"]),
+            "since_text": short_time(row["started_at"]), "since_title": when(row["started_at"]),
             "until_text": short_time(ended) if ended else None, "until_title": until_title,
             "last_seen_text": short_time(row["last_seen"]),
             "host_url": f"/nodes/{row['host']}/" if row["host"] and row["entity_kind"] != "rack" else None,
@@ -134,9 +134,9 @@ def scored_text(times: dict) -> str:
     """When the detectors and the failure model last ran, in words."""
     if not times["anomaly"] and not times["risk"]:
         return "Anomaly scoring has not run yet."
-    detectors = f"Detectors last ran {inventory.when(times['anomaly'])}" if times["anomaly"] else \
+    detectors = f"Detectors last ran {when(times['anomaly'])}" if times["anomaly"] else \
         "The detectors have not run yet"
-    risk = f"failure risk last scored {inventory.when(times['risk'])}" if times["risk"] else \
+    risk = f"failure risk last scored {when(times['risk'])}" if times["risk"] else \
         "no failure model has scored yet"
     return f"{detectors}; {risk}."
 
@@ -145,13 +145,13 @@ def scored_text(times: dict) -> str:
 
 def _risk_text(risk: float, version: int | None, at: str | None) -> str:
     model = f"failure model v{version}" if version is not None else "failure model"
-    return f"{100 * risk:.1f}% ({model}, scored {inventory.when(at)})"
+    return f"{100 * risk:.1f}% ({model}, scored {when(at)})"
 
 
 def _anomaly_score_line(score: dict | None) -> dict:
     if score is None or score["anomaly_score"] is None:
         return {"label": "Anomaly score", "text": "none now"}
-    scored = inventory.when(score["anomaly_at"])
+    scored = when(score["anomaly_at"])
     return {"label": "Anomaly score", "text": f"{score['anomaly_score']:.2f} (scored {scored})"}
 
 

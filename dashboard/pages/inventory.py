@@ -16,7 +16,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_safe
 
 from alerts.search import SEARCH_LIMIT, find_anything
-from dashboard.pages import anomalies  # a module import: anomalies imports this module too
+from dashboard.pages import anomalies
+from dashboard.pages.formatting import duration, when
 from telemetry import selectors
 from telemetry.models import GpuEventKind, HealthState, JobState
 from telemetry.selectors.search import MAX_QUERY, clean_query
@@ -37,25 +38,7 @@ SEARCH_KINDS = {"tenant": "Tenants", "job": "Jobs", "node": "Nodes", "gpu": "GPU
 OWN_PAGE = frozenset({"node", "gpu", "job", "port", "alert", "tenant"})
 
 
-# --- Formatting shared with drilldown.js (which renders pushed events the same way) -------------
-
-def when(iso: str | None) -> str:
-    """"2026-11-30 12:00:00 UTC" from a selector's ISO 8601 UTC string; "—" for None."""
-    return "—" if not iso else f"{iso[:10]} {iso[11:19]} UTC"
-
-
-def duration(seconds: float | None) -> str:
-    """"45 s", "12 min", "3 h 5 min", "2 d 4 h"."""
-    if seconds is None:
-        return "—"
-    minutes = int(seconds // 60)
-    if minutes < 1:
-        return f"{int(seconds)} s"
-    if minutes < 120:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min" if hours < 48 else f"{hours // 24} d {hours % 24} h"
-
+# --- Formatting shared with drilldown.js (which renders pushed events the same way; times in formatting) ---
 
 def value_text(value, unit: str) -> str:
     """A value with its unit as the tables show it; "—" where there is none yet."""

@@ -26,7 +26,7 @@ from django.views.decorators.csrf import csrf_exempt
 from core.api import collector_endpoint, json_edge
 from telemetry.api.auth import authenticate_collector
 from telemetry.api.views import _body, _method_guard
-from telemetry.ingest.schema import BatchError, _loads, storable_text_problem
+from telemetry.ingest.schema import BatchError, loads_json, storable_text_problem
 from telemetry.models import JobState
 from telemetry.slurm import parse
 from telemetry.slurm.sync import ENDED, STATES, do_sync_slurm
@@ -209,7 +209,7 @@ def _handle(request: HttpRequest) -> JsonResponse:
     close_old_connections()
     try:
         authenticate_collector(request.headers.get("Authorization"))
-        doc = _loads(_body(request), "")
+        doc = loads_json(_body(request), "")
         jobs, allocations = parse_snapshot(doc)
         result = do_sync_slurm(jobs, allocations, now=datetime.now(UTC), complete=doc.get("complete") is True)
     finally:

@@ -25,7 +25,7 @@ from core.api import collector_endpoint, json_edge
 from telemetry import live
 from telemetry.api.auth import authenticate_collector
 from telemetry.api.views import _body, _method_guard
-from telemetry.ingest.schema import BatchError, TimeParser, _loads, storable_text_problem
+from telemetry.ingest.schema import BatchError, TimeParser, loads_json, storable_text_problem
 from telemetry.models import Job
 
 NUMBERS = ("step_time_s", "compute_time_s", "loss", "grad_norm", "tokens_per_s")
@@ -152,7 +152,7 @@ def _handle(request: HttpRequest) -> JsonResponse:
     try:
         authenticate_collector(request.headers.get("Authorization"))
         times = TimeParser(datetime.now(UTC), settings.INGEST_MAX_FUTURE_SKEW, settings.RETENTION["raw"])
-        source, external, rows = parse_training(_loads(_body(request), ""), times)
+        source, external, rows = parse_training(loads_json(_body(request), ""), times)
         stored = do_record_training_steps(source, external, rows)
     finally:
         close_old_connections()

@@ -21,8 +21,9 @@ from django.views.decorators.csrf import csrf_exempt
 from core.api import ApiError, ErrorCode, collector_endpoint, json_edge, method_not_allowed
 from telemetry.api.admission import admit
 from telemetry.api.auth import authenticate_collector
+from telemetry.ingest.documents import parse_json, parse_ndjson
 from telemetry.ingest.exposition import parse_dcgm_exposition
-from telemetry.ingest.schema import TimeParser, parse_json, parse_ndjson
+from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
 
 JSON_TYPES = {"application/json", ""}

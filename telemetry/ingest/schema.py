@@ -168,18 +168,18 @@ class TimeParser:
             try:
                 return datetime.fromtimestamp(raw, UTC)
             except (OverflowError, OSError, ValueError) as exc:
-                raise BatchError(where, f"time {_short(raw)} is out of range") from exc
+                raise BatchError(where, f"time {short_repr(raw)} is out of range") from exc
         if isinstance(raw, str):
             try:
                 parsed = datetime.fromisoformat(raw)
             except ValueError as exc:
-                raise BatchError(where, f"time {_short(raw)} is not RFC 3339") from exc
+                raise BatchError(where, f"time {short_repr(raw)} is not RFC 3339") from exc
             if parsed.tzinfo is None:
-                raise BatchError(where, f"time {_short(raw)} has no timezone; send UTC ('Z')")
+                raise BatchError(where, f"time {short_repr(raw)} has no timezone; send UTC ('Z')")
             try:
                 return parsed.astimezone(UTC)
             except OverflowError as exc:  # 0001-01-01T00:00:00+01:00 is before year 1 in UTC
-                raise BatchError(where, f"time {_short(raw)} is out of range") from exc
+                raise BatchError(where, f"time {short_repr(raw)} is out of range") from exc
         raise BatchError(where, f"time must be an RFC 3339 string or epoch seconds, got {type(raw).__name__}")
 
     def problem(self, t: datetime) -> str | None:
@@ -193,7 +193,7 @@ class TimeParser:
         return None
 
 
-def _short(value, limit: int = 80) -> str:
+def short_repr(value, limit: int = 80) -> str:
     """repr() for an error message, cut short: a 5,000-character value must not become the message."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**60:
         return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
@@ -201,7 +201,7 @@ def _short(value, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _path_key(key) -> str:
+def path_key(key) -> str:
     """A JSON key as a path segment, cut short (a 5,000-character key must not become the path)."""
     text = str(key)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -210,14 +210,14 @@ def _path_key(key) -> str:
 def storable_text_problem(value: str, limit: int) -> str | None:
     """Why PostgreSQL would refuse `value` in a varchar(limit) column, or None."""
     if len(value) > limit:
-        return f"longer than {limit} characters: {_short(value)}"
+        return f"longer than {limit} characters: {short_repr(value)}"
     if "\x00" in value:
-        return f"contains a NUL character: {_short(value)}"
+        return f"contains a NUL character: {short_repr(value)}"
     if not value.isascii():
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            return f"is not valid Unicode (a lone surrogate): {_short(value)}"
+            return f"is not valid Unicode (a lone surrogate): {short_repr(value)}"
     return None
 
 
@@ -226,7 +226,7 @@ def identity_problem(key: str, value: str | int) -> str | None:
     if isinstance(value, str):
         return storable_text_problem(value, IDENTITY_LENGTHS.get(key, 253))
     if not IDENTITY_INT_RANGE[0] <= value <= IDENTITY_INT_RANGE[1]:
-        return f"must be from {IDENTITY_INT_RANGE[0]} to {IDENTITY_INT_RANGE[1]}, got {_short(value)}"
+        return f"must be from {IDENTITY_INT_RANGE[0]} to {IDENTITY_INT_RANGE[1]}, got {short_repr(value)}"
     return None
 
 
@@ -242,7 +242,7 @@ def _check_identity(kind: str, rec: dict, where: str) -> dict:
     for key, typ in required.items():
         value = rec.get(key)
         if not isinstance(value, typ) or isinstance(value, bool) or (typ is str and not value.strip()):
-            raise BatchError(f"{where}.{key}", f"required {typ.__name__}, got {_short(value)}")
+            raise BatchError(f"{where}.{key}", f"required {typ.__name__}, got {short_repr(value)}")
         ident[key] = value.strip() if typ is str else value
         _check_identity_value(key, ident[key], where)
     for key, typ in optional.items():
@@ -250,12 +250,12 @@ def _check_identity(kind: str, rec: dict, where: str) -> dict:
         if value is None:
             continue
         if not isinstance(value, typ) or isinstance(value, bool):
-            raise BatchError(f"{where}.{key}", f"must be {typ.__name__}, got {_short(value)}")
+            raise BatchError(f"{where}.{key}", f"must be {typ.__name__}, got {short_repr(value)}")
         _check_identity_value(key, value, where)
         ident[key] = value
     unknown = set(rec) - set(required) - set(optional) - RECORD_COMMON
     if unknown:
-        raise BatchError(f"{where}.{_path_key(sorted(unknown)[0])}", f"unknown key for a {kind} record")
+        raise BatchError(f"{where}.{path_key(sorted(unknown)[0])}", f"unknown key for a {kind} record")
     if kind == "port" and ("host" in ident) == ("switch" in ident):
         raise BatchError(where, "a port record names exactly one of 'host' or 'switch'")
     return ident
@@ -272,9 +272,9 @@ def value_problem(value: int | float, sql_type: str) -> str | None:
     try:
         magnitude = abs(float(value))
     except OverflowError:
-        return f"{_short(value)} is out of range for a 64-bit float"
+        return f"{short_repr(value)} is out of range for a 64-bit float"
     if sql_type == "real" and magnitude > FLOAT32_MAX:
-        return f"{_short(value)} is out of range for a 32-bit float field"
+        return f"{short_repr(value)} is out of range for a 32-bit float field"
     return None
 
 
@@ -318,17 +318,17 @@ def _values(kind: str, raw, where: str, batch: Batch, *, registry: bool) -> dict
     out = {}
     for name, value in raw.items():
         if known is not None and name not in known:
-            raise BatchError(f"{where}.{_path_key(name)}", f"unknown {kind} field (put unmapped fields in 'extra')")
+            raise BatchError(f"{where}.{path_key(name)}", f"unknown {kind} field (put unmapped fields in 'extra')")
         if not registry and (not name or storable_text_problem(name, 128)):
-            raise BatchError(f"{where}.{_path_key(name)}", "extra field names are 1-128 characters of valid text")
+            raise BatchError(f"{where}.{path_key(name)}", "extra field names are 1-128 characters of valid text")
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise BatchError(f"{where}.{name}", f"must be a number, got {_short(value)}")
+            raise BatchError(f"{where}.{name}", f"must be a number, got {short_repr(value)}")
         if isinstance(value, str):
             if value.strip().lower() not in NON_FINITE_STRINGS:
-                raise BatchError(f"{where}.{name}", f"must be a number, got {_short(value)}")
-            batch.reject(f"{where}.{name}", f"non-finite value {_short(value)}")
+                raise BatchError(f"{where}.{name}", f"must be a number, got {short_repr(value)}")
+            batch.reject(f"{where}.{name}", f"non-finite value {short_repr(value)}")
             continue
         if isinstance(value, float) and not math.isfinite(value):
             batch.reject(f"{where}.{name}", f"non-finite value {value!r}")
@@ -336,7 +336,7 @@ def _values(kind: str, raw, where: str, batch: Batch, *, registry: bool) -> dict
         if known is not None and known[name].is_int:
             value = int(value) if isinstance(value, int) else int(round(value))
             if not -(2**63) <= value < 2**63:
-                raise BatchError(f"{where}.{name}", f"{_short(value)} does not fit a 64-bit counter")
+                raise BatchError(f"{where}.{name}", f"{short_repr(value)} does not fit a 64-bit counter")
         # Like NaN: a reading the column cannot hold is dropped and counted, the rest is kept.
         problem = value_problem(value, known[name].sql_type if known is not None else "double precision")
         if problem:
@@ -363,7 +363,7 @@ def add_record(batch: Batch, kind: str, rec, where: str, times: TimeParser, defa
         batch.records[kind].append(Record(kind, ident, t, values, extra))
 
 
-def _loads(body: bytes, where: str):
+def loads_json(body: bytes, where: str):
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -384,88 +384,3 @@ def _loads(body: bytes, where: str):
         raise BatchError(where or "$", f"number too long: {exc}") from exc
     except RecursionError as exc:  # the C scanner's own depth guard, not a stack overflow: safe to catch
         raise BatchError(where or "$", "JSON nested deeper than 1,024 levels") from exc
-
-
-def parse_json(body: bytes, times: TimeParser) -> Batch:
-    """A JSON batch: {"time": ..., "gpus": [...], "migs": [...], "ports": [...], "power": [...]}."""
-    doc = _loads(body, "")
-    if not isinstance(doc, dict):
-        raise BatchError("$", f"the batch must be a JSON object, got {type(doc).__name__}")
-    unknown = set(doc) - set(COLLECTION_KEYS) - {"time", "collector", "events", "agent"}
-    if unknown:
-        raise BatchError(
-            f"$.{_path_key(sorted(unknown)[0])}",
-            f"unknown key (expected one of time, {', '.join(COLLECTION_KEYS)}, events, agent)",
-        )
-    default_time = doc.get("time")
-    if default_time is not None:
-        times.parse(default_time, "$.time")
-    batch = Batch()
-    for key, kind in COLLECTION_KEYS.items():
-        recs = doc.get(key) or []
-        if isinstance(recs, dict):
-            from telemetry.ingest.columnar import add_columns  # columnar form: see docs/ingest.md
-
-            add_columns(batch, kind, recs, f"$.{key}", times, default_time)
-            continue
-        if not isinstance(recs, list):
-            raise BatchError(
-                f"$.{key}", f"must be a list of records or an object of columns, got {type(recs).__name__}"
-            )
-        for i, rec in enumerate(recs):
-            add_record(batch, kind, rec, f"$.{key}[{i}]", times, default_time)
-    _add_events(batch, doc.get("events"), times, default_time)
-    batch.agent = _agent(doc.get("agent"))
-    return batch
-
-
-def _agent(raw) -> dict | None:
-    """The agent's self-report: {"host": str, ...health counters}; kept small and JSON-only."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or not isinstance(raw.get("host"), str) or not raw["host"].strip():
-        raise BatchError("$.agent", "must be an object with a non-empty 'host'")
-    problem = storable_text_problem(raw["host"], IDENTITY_LENGTHS["host"])
-    if problem:
-        raise BatchError("$.agent.host", problem)
-    try:
-        # Stored as jsonb: no NaN/Infinity, no lone surrogates, no NUL (PostgreSQL refuses all three).
-        text = json.dumps(raw, allow_nan=False, ensure_ascii=False)
-        text.encode("utf-8")
-    except (ValueError, UnicodeEncodeError) as exc:
-        raise BatchError("$.agent", f"not storable as JSON: {exc}"[:200]) from exc
-    if "\x00" in text or "\\u0000" in text:
-        raise BatchError("$.agent", "contains a NUL character")
-    if len(text) > 16_384:
-        raise BatchError("$.agent", "the agent report is larger than 16 KiB")
-    return raw
-
-
-def _add_events(batch: Batch, events, times: TimeParser, default_time, where: str | None = None) -> None:
-    if events is None:
-        return
-    if not isinstance(events, list):
-        raise BatchError("$.events", f"must be a list of events, got {type(events).__name__}")
-    from telemetry.ingest.events import add_event  # events need the model's kinds; samples do not
-
-    for i, rec in enumerate(events):
-        add_event(batch, rec, where or f"$.events[{i}]", times, default_time)
-
-
-def parse_ndjson(body: bytes, times: TimeParser) -> Batch:
-    """NDJSON: one record per line, each with "kind": gpu | mig | port | power."""
-    batch = Batch()
-    for lineno, line in enumerate(body.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        rec = _loads(line, f"line {lineno}")
-        if not isinstance(rec, dict):
-            raise BatchError(f"line {lineno}", f"each line must be a JSON object, got {type(rec).__name__}")
-        kind = rec.get("kind")
-        if kind == "event":  # {"kind": "event", "event": {...}}: a fault event has a kind of its own
-            _add_events(batch, [rec.get("event")], times, None, where=f"line {lineno}.event")
-            continue
-        if not isinstance(kind, str) or kind not in KINDS:
-            raise BatchError(f"line {lineno}.kind", f"must be one of {', '.join(KINDS)} or event, got {_short(kind)}")
-        add_record(batch, kind, rec, f"line {lineno}", times, None)
-    return batch

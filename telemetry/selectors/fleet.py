@@ -23,6 +23,7 @@ from core.time import iso_utc
 from telemetry import health
 from telemetry.fields import KINDS
 from telemetry.models import GpuEvent, IngestBatch
+from telemetry.selectors.power import power_overview
 from telemetry.xid import SEVERITIES, describe, effective_action
 
 INGEST_WINDOW = timedelta(seconds=60)
@@ -64,8 +65,6 @@ def fleet_summary(now: datetime | None = None) -> dict:
         ingest = _ingest_rate(cursor, now)
         newest = _newest_sample(cursor, now)
         faults = _open_faults(cursor)
-    from telemetry.selectors.power import power_overview  # power imports this module
-
     facility = power_overview(now)
     fleet["power"]["pue"] = facility["pue"]
     failed = fleet.pop("failed_gpu_ids")

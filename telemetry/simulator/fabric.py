@@ -56,6 +56,10 @@ class SimPort:
         self.silent = False  # a host port whose node is down: nobody runs perfquery on it
         self.speed_gbps = PORT_SPEED_GBPS  # what the link negotiated; a degraded link trains lower
 
+    def error_signature(self) -> tuple:
+        """What the ground truth watches for a new port defect: the error counters and the link state."""
+        return self.c[SYMBOL], self.c[DOWNED], self.c[RECOVERY], self.c[RCV_ERR], self.state
+
     def record(self) -> dict:
         fields = dict(zip(PORT_COUNTERS, self.c, strict=True))
         fields["link_speed_gbps"] = self.speed_gbps

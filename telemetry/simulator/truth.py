@@ -178,10 +178,8 @@ class FaultRecorder:
                       details={"why": why})
 
     def _ports(self, t: datetime) -> list[dict]:
-        from telemetry.simulator.fabric import DOWNED, RCV_ERR, RECOVERY, SYMBOL  # fabric imports this module
-
         out = []
-        state = [(p.c[SYMBOL], p.c[DOWNED], p.c[RECOVERY], p.c[RCV_ERR], p.state) for _, p in self.ports]
+        state = [p.error_signature() for _, p in self.ports]
         if self._port_state is not None:
             for (key, p), before, now in zip(self.ports, self._port_state, state, strict=True):
                 if now == before:

@@ -14,7 +14,8 @@ from django.conf import settings
 from alerts.evaluation import rule_problem, run_evaluation
 from alerts.models import Alert, AlertState, Rule, RuleKind, RulePending
 from anomaly.models import Anomaly, EntityScore
-from telemetry.ingest.schema import TimeParser, parse_json
+from telemetry.ingest.documents import parse_json
+from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
 from telemetry.models import GpuEvent, Hall, Node, Rack, Row, Site
 from tests.conftest import FIXED_NOW

@@ -189,7 +189,7 @@ def test_an_evaluation_never_waits_in_a_worker_slot_for_another(queue):
     import psycopg
 
     from alerts import tasks
-    from alerts.lifecycle import LIFECYCLE_LOCK
+    from alerts.locks import LIFECYCLE_LOCK
 
     schedule_evaluation()  # the trigger flag is set and one run is queued
     held = psycopg.connect(_dsn())

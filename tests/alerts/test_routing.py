@@ -402,19 +402,16 @@ def test_route_schedules_flush_after_commit_at_group_wait(page, django_capture_o
 def sent_tasks(monkeypatch):
     """The tasks queued after commit, recorded instead of sent: under pytest the settings keep the default queue
     (tests/conftest.py sets CELERY_QUEUE after Django has read it), so a real send would reach a live worker."""
-    from alerts import tasks
+    from alerts import routing
 
     sent: dict[str, list] = {"deliver": [], "flush_groups": []}
     lock = threading.Lock()
 
-    def record(name):
-        def call(*args, **kwargs):
-            with lock:
-                sent[name].append(args or kwargs)
-        return call
+    def record(name, *args, countdown=None):
+        with lock:
+            sent[name.rpartition(".")[2]].append(args or {"countdown": countdown})
 
-    monkeypatch.setattr(tasks.deliver, "delay", record("deliver"))
-    monkeypatch.setattr(tasks.flush_groups, "apply_async", record("flush_groups"))
+    monkeypatch.setattr(routing, "enqueue", record)
     return sent
 
 

@@ -8,7 +8,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
 from alerts.models import AlertEvent, AlertState, Silence
-from alerts.silences import active_silences, do_create_silence, do_expire_silence, do_upsert_inhibit_rule
+from alerts.muting import active_silences
+from alerts.silences import do_create_silence, do_expire_silence, do_upsert_inhibit_rule
 from core.models import AuditEntry
 from tests.alerts.test_routing import alert_ids, flush, make_alert, make_channel, make_route, secs, set_state
 from tests.conftest import FIXED_NOW

@@ -394,7 +394,8 @@ def test_simulated_history_matches_the_database_reading_of_the_same_telemetry():
     """The simulated fleet's ticks are ingested and rolled up for real; at cut times during and after a
     degrading GPU's story the loader and the simulated windows must give the same aggregates."""
     from anomaly.failure_sim import _sim_events, _SimRecorder, _SimWindows
-    from telemetry.ingest.schema import TimeParser, parse_json
+    from telemetry.ingest.documents import parse_json
+    from telemetry.ingest.schema import TimeParser
     from telemetry.ingest.writer import write_batch
     from telemetry.rollups import run_rollups
     from telemetry.simulator.dynamics import Cluster

@@ -14,7 +14,8 @@ from django.urls import reverse
 
 from dashboard.consumers import fabric as consumer
 from dashboard.dash_apps import fabric as dash_fabric
-from telemetry.ingest.schema import TimeParser, parse_json
+from telemetry.ingest.documents import parse_json
+from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
 from telemetry.rollups import run_rollups
 from telemetry.selectors import fabric as fabric_selectors

@@ -18,7 +18,8 @@ from django.urls import reverse
 
 from dashboard.consumers import facility as consumer
 from dashboard.dash_apps import facility as dash_facility
-from telemetry.ingest.schema import TimeParser, parse_json
+from telemetry.ingest.documents import parse_json
+from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
 from telemetry.rollups import run_rollups
 from telemetry.selectors import nvlink_domains, power_overview

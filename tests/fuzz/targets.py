@@ -199,7 +199,8 @@ def ingest_inputs(ch: s.Chooser) -> tuple[str, bytes]:
 
 
 def check_ingest(case) -> None:
-    from telemetry.ingest.schema import BatchError, parse_json, parse_ndjson
+    from telemetry.ingest.documents import parse_json, parse_ndjson
+    from telemetry.ingest.schema import BatchError
 
     fmt, body = case
     try:

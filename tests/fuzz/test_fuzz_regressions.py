@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from telemetry.agent import infiniband, nvsmi, redfish
-from telemetry.ingest.schema import BatchError, parse_json, parse_ndjson
+from telemetry.ingest.documents import parse_json, parse_ndjson
+from telemetry.ingest.schema import BatchError
 from telemetry.slurm import parse, parse_cluster
 from telemetry.slurm.parse import SlurmParseError
 from tests.fuzz import targets

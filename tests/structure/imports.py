@@ -114,12 +114,12 @@ def upward(imports: list[Import]) -> list[Import]:
 
 
 def circles(imports: list[Import]) -> list[list[str]]:
-    """Strongly connected sets of modules over module-level imports, largest first (Tarjan, iterative)."""
+    """Strongly connected sets of modules, largest first (Tarjan, iterative). An import inside a function is an
+    edge like any other: it runs later, but the two modules still depend on each other."""
     graph: dict[str, set[str]] = {}
     for imp in imports:
-        if not imp.in_function:
-            graph.setdefault(imp.source, set()).add(imp.target)
-            graph.setdefault(imp.target, set())
+        graph.setdefault(imp.source, set()).add(imp.target)
+        graph.setdefault(imp.target, set())
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()

@@ -318,7 +318,8 @@ def test_rolled_back_batch_does_not_leave_a_missing_stage_behind():
     """The temp staging table is created once per connection; a rollback must not fool that."""
     from django.db import transaction
 
-    from telemetry.ingest.schema import TimeParser, parse_json
+    from telemetry.ingest.documents import parse_json
+    from telemetry.ingest.schema import TimeParser
     from telemetry.ingest.writer import write_batch
 
     def batch(t):
@@ -339,7 +340,8 @@ def test_stage_is_emptied_between_batches_of_one_transaction_and_skipped_after_a
     import psycopg
     from django.db import transaction
 
-    from telemetry.ingest.schema import TimeParser, parse_json
+    from telemetry.ingest.documents import parse_json
+    from telemetry.ingest.schema import TimeParser
     from telemetry.ingest.writer import write_batch
 
     def batch(t, util):

@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from telemetry.ingest.schema import TimeParser, parse_json
+from telemetry.ingest.documents import parse_json
+from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
 from telemetry.models import Gpu, Link, Node, NvlinkDomain, Port, Rack, Switch
 from telemetry.rollups import run_rollups

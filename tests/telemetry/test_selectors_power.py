@@ -7,7 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from telemetry.ingest.schema import TimeParser, parse_json
+from telemetry.ingest.documents import parse_json
+from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
 from telemetry.rollups import run_rollups
 from telemetry.selectors import power_overview, pue_series

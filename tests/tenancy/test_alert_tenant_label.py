@@ -12,7 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from alerts.evaluation import run_evaluation
 from alerts.models import Alert, Rule, RuleKind
 from anomaly.models import Anomaly
-from telemetry.ingest.schema import TimeParser, parse_json
+from telemetry.ingest.documents import parse_json
+from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
 from telemetry.models import Gpu, Node
 from tenancy.selectors import tenants_for

@@ -2,12 +2,12 @@
 
 1. `run` queues one AgentCommand for the GPU's node (GPU index and UUID in its params), expiring after
    settings.AGENT_COMMAND_TTL, and returns at once: the action stays running.
-2. The agent polls GET /api/v1/agent/commands?host=<hostname> (`do_poll_agent_commands`: its queued commands,
-   oldest first, marked sent), runs nvidia-smi and posts {"ok", "rc", "output", "readback"} to
-   /api/v1/agent/commands/<id>/result (`do_record_agent_result`), which finishes the action
+2. The agent polls GET /api/v1/agent/commands?host=<hostname> (`executor.do_poll_agent_commands`: its queued
+   commands, oldest first, marked sent), runs nvidia-smi and posts {"ok", "rc", "output", "readback"} to
+   /api/v1/agent/commands/<id>/result (`executor.do_record_agent_result`), which finishes the action
    (`executor.finish_agent_action`) in the same transaction.
 3. A command not fetched within the TTL, or fetched and not answered within another TTL, expires
-   (`do_expire_agent_commands`, run on every poll and by the executor's follow-up task); its action fails.
+   (`expire_agent_commands`, run on every poll and by the executor's follow-up task); its action fails.
 Verification is the agent's read-back: the power limit nvidia-smi reports after the change, or the reset's exit.
 """
 
@@ -21,8 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from alerts.models import ActionKind, ActionState, AgentCommand, AgentCommandState, RemediationAction
-from alerts.remediation.backends import BackendError, Outcome, command
-from alerts.remediation.executor import finish_agent_action
+from alerts.remediation.backends.base import BackendError, Outcome, command
 from core.api import ApiError, ErrorCode
 from telemetry.models import Gpu
 
@@ -106,25 +105,11 @@ def verify_command(cmd: AgentCommand) -> tuple[bool, dict]:
     return ok, detail
 
 
-# --- The command channel (the agent API calls these) ------------------------------------------------------
+# --- The command channel: the executor's agent actions call these ------------------------------------------
 
-@transaction.atomic
-def do_poll_agent_commands(hostname: str, *, now: datetime | None = None) -> list[AgentCommand]:
-    """The host's queued, unexpired commands, oldest first, marked sent. Two polls at once never both get one."""
-    now = now or timezone.now()
-    do_expire_agent_commands(now, hostname=hostname)
-    commands = list(AgentCommand.objects.select_for_update(skip_locked=True)
-                    .filter(hostname=hostname, state=AgentCommandState.QUEUED, expires_at__gt=now)
-                    .order_by("created_at", "id"))
-    for cmd in commands:
-        cmd.state, cmd.sent_at = AgentCommandState.SENT, now
-    AgentCommand.objects.bulk_update(commands, ["state", "sent_at"])
-    return commands
-
-
-@transaction.atomic
-def do_expire_agent_commands(now: datetime, *, hostname: str | None = None) -> int:
-    """Expire commands never fetched before `expires_at`, or fetched and unanswered for a TTL; fail their actions."""
+def expire_agent_commands(now: datetime, *, hostname: str | None = None) -> list[int]:
+    """Expire commands never fetched before `expires_at`, or fetched and unanswered for a TTL; returns the ids of
+    their actions, which the caller finishes in the same transaction (`executor.do_expire_agent_commands`)."""
     stale = (Q(state=AgentCommandState.QUEUED, expires_at__lte=now)
              | Q(state=AgentCommandState.SENT, sent_at__lte=now - settings.AGENT_COMMAND_TTL))
     qs = AgentCommand.objects.select_for_update(skip_locked=True).filter(stale)
@@ -134,12 +119,11 @@ def do_expire_agent_commands(now: datetime, *, hostname: str | None = None) -> i
         cmd.state, cmd.finished_at = AgentCommandState.EXPIRED, now
         cmd.result = {**cmd.result, "error": f"expired: {was} by the agent on {cmd.hostname}"}
     AgentCommand.objects.bulk_update(expired, ["state", "finished_at", "result"])
-    for action_id in sorted({c.action_id for c in expired if c.action_id}):
-        finish_agent_action(action_id, now=now)
-    return len(expired)
+    return sorted({c.action_id for c in expired if c.action_id})
 
 
-def _parse_result(payload: object) -> dict:
+def parse_agent_result(payload: object) -> dict:
+    """The agent's report of one command, checked field by field (AgentResultError names the field)."""
     if not isinstance(payload, dict):
         raise AgentResultError(400, "malformed", "expected a JSON object", "$")
     if not isinstance(payload.get("ok"), bool):
@@ -153,22 +137,3 @@ def _parse_result(payload: object) -> dict:
     return {"ok": payload["ok"], "rc": rc, "output": str(payload.get("output", ""))[-4000:], "readback": readback}
 
 
-@transaction.atomic
-def do_record_agent_result(command_id: int, payload: object, *, now: datetime | None = None) -> AgentCommand:
-    """Store the agent's report of one command and finish its action. A repeated report (the agent retried a
-    post whose answer it lost) returns the command unchanged; a report for an expired command is refused."""
-    now = now or timezone.now()
-    result = _parse_result(payload)
-    cmd = AgentCommand.objects.select_for_update().filter(pk=command_id).first()
-    if cmd is None:
-        raise AgentResultError(404, "not_found", f"no agent command #{command_id}")
-    if cmd.state in (AgentCommandState.DONE, AgentCommandState.FAILED):
-        return cmd
-    if cmd.state == AgentCommandState.EXPIRED:
-        raise AgentResultError(410, "expired", f"agent command #{command_id} expired; its action has failed")
-    cmd.state = AgentCommandState.DONE if result["ok"] else AgentCommandState.FAILED
-    cmd.result, cmd.finished_at = result, now
-    cmd.save(update_fields=["state", "result", "finished_at"])
-    if cmd.action_id:
-        finish_agent_action(cmd.action_id, now=now)
-    return cmd

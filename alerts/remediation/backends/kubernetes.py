@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from alerts.models import ActionKind, RemediationAction
-from alerts.remediation.backends import BackendError, Outcome, command, job_id
+from alerts.remediation.backends.base import BackendError, Outcome, command, job_id
 from telemetry.k8s.pods import is_gpu_pod
 from telemetry.models import Job
 

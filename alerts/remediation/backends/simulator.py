@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.utils import timezone
 
 from alerts.models import ActionKind, RemediationAction
-from alerts.remediation.backends import BackendError, Outcome, command, job_id
+from alerts.remediation.backends.base import BackendError, Outcome, command, job_id
 from telemetry.actions import do_mark_job_requeued, do_set_node_state
 from telemetry.models import Job, JobState, Node, NodeState
 

@@ -18,7 +18,7 @@ import time
 from django.conf import settings
 
 from alerts.models import ActionKind, RemediationAction
-from alerts.remediation.backends import BackendError, Outcome, command, job_id
+from alerts.remediation.backends.base import BackendError, Outcome, command, job_id
 from telemetry.slurm.poll import Runner, SlurmCommandError, cli_runner
 
 VERIFY_TIMEOUT_S = 10.0

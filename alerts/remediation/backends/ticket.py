@@ -14,8 +14,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from alerts.models import Channel, Notification, NotificationEvent, NotificationStatus, RemediationAction
-from alerts.remediation.backends import BackendError, Outcome, command
-from alerts.tasks import deliver
+from alerts.remediation.backends.base import BackendError, Outcome, command
+from core.queue import enqueue
 from telemetry.models import Gpu
 
 
@@ -86,4 +86,4 @@ class TicketBackend:
 
 
 def _enqueue_delivery(notification_id: int) -> None:
-    transaction.on_commit(lambda: deliver.delay(notification_id))
+    transaction.on_commit(lambda: enqueue("alerts.tasks.deliver", notification_id))
