@@ -4,11 +4,11 @@ Development data only: the six SMD machines and NAB's realKnownCause and realAWS
 ../shared/data/anomaly-benchmarks (NAB's probationary rows are its training rows), plus a
 "contaminated" variant of every series that has anomalies in both halves of its test rows: the first
 half joins the training rows (anomalies and level shifts inside training, as unseen fleets have), and
-only the second half is scored. Five groups in all.
+only the second half is scored. Six groups in all.
 
 Candidates: every combination of
   * robust scaling by the 0.99 or 0.999 quantile of |deviation|; trailing "new normal" window off or
-    len(train) // 16 rows;
+    len(train) // f rows for f in 64, 16, 4, 2;
   * scorers, any of 13 subsets of {spread (mean of top-3 |z|), PCA residual (90 % variance),
     IsolationForest on [z, Δz], 5-nearest-neighbour distance};
   * scorers normalised by their training median and 99th percentile ("tail") or by training rank;
@@ -49,7 +49,7 @@ DATA = REPO.parent / "shared" / "data" / "anomaly-benchmarks"
 RULE = {"method": "pot", "level": 0.98, "risk": 1e-3}
 SCORERS = ("spread", "pca", "iforest", "knn")
 SUBSETS = [s for n in range(1, 5) for s in itertools.combinations(SCORERS, n)]
-PREP = [(q, f) for q in (0.99, 0.999) for f in (0, 16)]
+PREP = [(q, f) for q in (0.99, 0.999) for f in (0, 64, 16, 4, 2)]
 METRICS = ("f1", "pa_f1", "pa_k20", "pa_k_auc", "event_f1")
 OBJECTIVE = ("f1", "pa_f1", "pa_k_auc", "event_f1")
 CLIP = 20.0

@@ -41,6 +41,7 @@ MIN_EXCEEDANCES = 10  # fewer tail points than this cannot fit a Pareto tail; us
 # for explanations of metrics whose MAD is 0.
 TAIL_TO_SIGMA = 3.29
 ROW_CHUNK = 2048  # rows per block of the distance computation (bounds memory to ~16 MB a block)
+BLOCK_VALUES = 1 << 21  # values per block of the trailing medians (16 MB: a fleet's refit stays small and cached)
 
 
 def pot_threshold(scores: np.ndarray, *, level: float = 0.98, risk: float = 1e-3) -> float:
@@ -99,6 +100,14 @@ def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
     return (sums[idx + 1] - sums[lo]) / (idx + 1 - lo)
 
 
+def _median_last_axis(a: np.ndarray) -> np.ndarray:
+    """Median along the last axis of an array without NaN: one partition of a contiguous copy, about three
+    times faster than np.median on a sliding-window view (which checks for NaN with a gather per window)."""
+    n = a.shape[-1]
+    part = np.partition(np.ascontiguousarray(a), ((n - 1) // 2, n // 2), axis=-1)
+    return (part[..., (n - 1) // 2] + part[..., n // 2]) / 2
+
+
 class RobustMultivariateDetector(BaseEstimator):
     """Per-entity detector: robust scaling, a trailing "new normal", spread and density scores, and a
     label-free peaks-over-threshold alarm level (see the module docstring).
@@ -124,7 +133,7 @@ class RobustMultivariateDetector(BaseEstimator):
     n_features_in_.
     """
 
-    def __init__(self, *, tail_quantile=0.999, baseline_fraction=16, top_k=3, clip=20.0, neighbours=5,
+    def __init__(self, *, tail_quantile=0.999, baseline_fraction=4, top_k=3, clip=20.0, neighbours=5,
                  reference_rows=1000, min_rows=30, threshold="pot", threshold_level=0.98, threshold_risk=1e-3):
         self.tail_quantile = tail_quantile
         self.baseline_fraction = baseline_fraction
@@ -221,12 +230,16 @@ class RobustMultivariateDetector(BaseEstimator):
         self._check_params()
         self._single = False
         n_ent, n_rows, _ = H.shape
+        # numpy's nan-aware quantiles run one entity and metric at a time; a history without gaps takes the
+        # vectorised ones (the same values)
+        gaps = np.isnan(H).any()
+        median, quantile = (np.nanmedian, np.nanquantile) if gaps else (np.median, np.quantile)
         with np.errstate(all="ignore"), _quiet():
-            center = np.nan_to_num(np.nanmedian(H, axis=1))
+            center = np.nan_to_num(median(H, axis=1))
             deviation = np.abs(H - center[:, None, :])
-            scale = np.nan_to_num(np.nanquantile(deviation, self.tail_quantile, axis=1, method="lower"))
+            scale = np.nan_to_num(quantile(deviation, self.tail_quantile, axis=1, method="lower"))
             largest = np.nan_to_num(np.nanmax(deviation, axis=1))
-            mad = np.nan_to_num(np.nanmedian(deviation, axis=1)) * MAD_TO_SIGMA
+            mad = np.nan_to_num(median(deviation, axis=1)) * MAD_TO_SIGMA
         scale = np.where(scale > 0, scale, largest)
         self.constant_ = scale <= 0
         self.scale_ = np.where(self.constant_, 1.0, scale)
@@ -278,10 +291,14 @@ class RobustMultivariateDetector(BaseEstimator):
             if step == 1:  # short windows: every row has its own median, taken in vectorised chunks
                 first = min(max(window - start, 0), n)  # rows before this lack a full window
                 views = np.lib.stride_tricks.sliding_window_view(full, window, axis=1)  # (E, pos, F, window)
-                for lo in range(first, n, ROW_CHUNK):
-                    hi = min(lo + ROW_CHUNK, n)
-                    med = np.nanmedian(views[:, start + lo - window:start + hi - window], axis=3)
-                    out[:, lo:hi] = np.where(np.isfinite(med), med, center[:, None, :])
+                rows = min(ROW_CHUNK, max(n - first, 1))
+                ents = max(1, BLOCK_VALUES // (rows * full.shape[2] * window))  # bounds the block's copy
+                for e in range(0, full.shape[0], ents):
+                    for lo in range(first, n, rows):
+                        hi = min(lo + rows, n)
+                        block = views[e:e + ents, start + lo - window:start + hi - window]
+                        med = np.nanmedian(block, axis=3) if np.isnan(block).any() else _median_last_axis(block)
+                        out[e:e + ents, lo:hi] = np.where(np.isfinite(med), med, center[e:e + ents, None, :])
             for block in range(0, first if step == 1 else n, step):
                 at = start + block
                 history = full[:, max(0, at - window):at]
