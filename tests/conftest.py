@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +54,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _trailing_publish_done():
+    """A fleet publish armed by a test's commit runs on a timer thread that reads the database: it must be done
+    before the test database is flushed (TRUNCATE), which it would otherwise deadlock with."""
+    yield
+    live = sys.modules.get("telemetry.live")
+    if live is not None:
+        live.wait_for_trailing_publish()
 
 
 # Tests fix time with a constant, not now().

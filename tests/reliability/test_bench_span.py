@@ -38,5 +38,6 @@ def test_a_sleeping_section_costs_this_process_no_cpu():
     mine = sum(os.times()[:2]) - before
     assert span.wall >= 0.3
     assert mine < 0.05
-    # Idle and I/O wait are not work: the machine's figure stays below a busy core's.
-    assert span.cpu < 0.3
+    # Idle and I/O wait are not work: the machine's figure stays below all cores busy (idle counted as work
+    # would read wall × cores). Another test process may keep one core busy meanwhile (./dev test runs two).
+    assert span.cpu < span.wall * (os.cpu_count() - 0.5)

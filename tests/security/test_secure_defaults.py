@@ -290,9 +290,12 @@ def project_log():
 
 
 @pytest.mark.urls("tests.security.error_urls")
-@override_settings(**LEAKY)
 @pytest.mark.parametrize("debug", [False, True])
 def test_a_failing_request_shows_and_logs_no_password(debug, settings, project_log):
+    # Through the `settings` fixture only: with @override_settings around it too, the fixture's teardown
+    # restored the settings it found (the overridden ones), and every later test in the process saw LEAKY.
+    for name, value in LEAKY.items():
+        setattr(settings, name, value)
     settings.DEBUG = debug
     response = Client(raise_request_exception=False).get("/broker-down/")
     assert response.status_code == 500

@@ -8,6 +8,7 @@ Accounting goes to the MariaDB already on the machine (through its unix socket, 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import secrets
 import shutil
@@ -24,6 +25,9 @@ DB_USER = "slurm_bw"
 CLUSTER = "bw"
 CTLD_PORT, DBD_PORT, SLURMD_PORT0 = 16817, 16819, 16820
 SBIN = "/usr/sbin"
+
+
+_INSTANCES = itertools.count(1)
 
 
 class HarnessError(RuntimeError):
@@ -44,12 +48,14 @@ class SlurmCluster:
         self.node_names = [f"node{i + 1}" for i in range(nodes)]
         self.gpus_per_node = gpus_per_node
         self.gpu_type = gpu_type
-        self.netns = f"bwslurm{os.getpid()}"
-        # One accounting database per harness: two test sessions (a developer's and CI's) on one
-        # machine must never read or drop each other's jobs.
-        self.db_name = f"{DB_NAME}_{os.getpid()}"
+        # One namespace and one accounting database per harness, named by process and instance: two test
+        # sessions (a developer's and CI's, or two parallel workers) on one machine, or a module's own cluster
+        # beside the session's in one worker, must never read or drop each other's jobs.
+        instance = f"{os.getpid()}_{next(_INSTANCES)}"
+        self.netns = f"bwslurm{instance}"
+        self.db_name = f"{DB_NAME}_{instance}"
         # Per harness too: a shared user's password would be reset under another run's slurmdbd.
-        self.db_user = f"{DB_USER}_{os.getpid()}"
+        self.db_user = f"{DB_USER}_{instance}"
         self.root = Path(tempfile.mkdtemp(prefix="bw-slurm-"))
         self.root.chmod(0o755)  # munged refuses sockets under group/other-writable dirs; 0700 hides it from jobs
         self.etc, self.log, self.state, self.dev = (self.root / d for d in ("etc", "log", "state", "dev"))

@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from telemetry import rollups
+from telemetry.fields import KINDS
 from telemetry.models import RollupWatermark
 from telemetry.rollups import BY_NAME, LATE_SAMPLE_GRACE, LOCK_NAMESPACE, OPEN_REFRESH, OPEN_SETTLE, run_rollups
 from tests.telemetry.factories import (
@@ -385,10 +386,29 @@ def _executed(monkeypatch) -> list[tuple[str, datetime, datetime]]:
     return calls
 
 
+def _wait_until_no_older_transaction_runs(table: str, timeout: float = 30.0) -> None:
+    """Wait until every transaction older than the newest row of `table` has ended, in the whole cluster.
+
+    A refresh's snapshot xmin is the oldest transaction still running anywhere on the server; while another
+    session (a parallel test worker's, in another database) holds one older than these rows, the final pass
+    rightly cannot tell whether the refresh saw them, and computes the minute again."""
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT max(xmin::text::bigint) FROM {table}")
+        newest = cur.fetchone()[0]
+        while time.monotonic() < deadline:
+            cur.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint % 4294967296")
+            if cur.fetchone()[0] > newest:
+                return
+            time.sleep(0.05)
+    raise AssertionError(f"a transaction older than {table}'s rows still runs after {timeout} s")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_final_pass_keeps_a_settled_minute_that_nothing_was_written_to_since(monkeypatch):
     for s, v in ((0, 100), (20, 110), (40, 130)):
         insert_sample("gpu", 1, T0 + 5 * MIN + s * SEC, gpu_util=float(v), pcie_replay=v)
+    _wait_until_no_older_transaction_runs(KINDS["gpu"].table)
     run_rollups(T0 + 6 * MIN + OPEN_SETTLE)  # the settled refresh computes 10:05
     settled = rollup_row("gpu", "1m", 1, T0 + 5 * MIN)
     assert settled["samples"] == 3
