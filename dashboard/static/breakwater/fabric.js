@@ -34,7 +34,7 @@
     matrix: null, view: null, metric: null, row: new Map(), col: new Map(), cz: null, cd: null,
     graph: null, styles: {}, nodes: new Map(), edges: new Map(), adj: new Map(), pairEdge: new Map(),
     edgePair: new Map(),
-    selected: null, socket: null, queue: [], drawing: false, pending: false,
+    selected: null, socket: null, queue: [],
     ready: { matrix: false, graph: false }, subscribed: null
   };
   var stats = (BW.fabricStats = {
@@ -471,14 +471,9 @@
     if (st.matrix.links[i][j] > 0) { st.cz[i][j] = toColour(st.matrix.z[i][j]); st.cd[i][j] = cellText(i, j); }
   }
 
-  /* One restyle at a time; changes that land meanwhile are drawn by one more pass after it. */
-  function redraw(all) {
-    var gd = matrixDiv();
-    if (!gd || !st.matrix || !st.cz) return;
-    if (all) st.dirty = null;
-    if (st.drawing) { st.pending = true; return; }
-    st.drawing = true;
-    st.pending = false;
+  /* Cells changed since the last pass (st.dirty, or null for every cell) are recoloured when a pass starts;
+   * one restyle for both traces (undefined leaves an attribute of that trace as it is). */
+  var restyle = BW.restyler(function () {
     var m = st.matrix, i, j, k;
     if (st.dirty === null) {
       for (i = 0; i < m.leaves.length; i++) for (j = 0; j < m.spines.length; j++) refreshCell(i, j);
@@ -487,18 +482,18 @@
     }
     st.dirty = [];
     var mk = markerTrace();
-    // One restyle for both traces (undefined leaves an attribute of that trace as it is): each
-    // restyle redraws the whole figure.
-    window.Plotly.restyle(gd, {
+    return [{
       z: [st.cz.slice(), undefined], customdata: [st.cd.slice(), undefined], x: [undefined, mk.x], y: [undefined, mk.y],
       text: [undefined, mk.text], "marker.symbol": [undefined, mk.marker.symbol],
       "marker.color": [undefined, mk.marker.color], "marker.line.color": [undefined, mk.marker.line.color]
-    }, [0, 1]).then(function () {
-      gd.dataset.applied = String(stats.applied);
-    }).finally(function () {
-      st.drawing = false;
-      if (st.pending) redraw();
-    });
+    }, [0, 1]];
+  });
+
+  function redraw(all) {
+    var gd = matrixDiv();
+    if (!gd || !st.matrix || !st.cz) return;
+    if (all) st.dirty = null;
+    restyle(gd, function () { gd.dataset.applied = String(stats.applied); });
   }
 
   function applyOne(msg) {

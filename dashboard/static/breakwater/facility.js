@@ -158,7 +158,7 @@
 
   var nv = { payload: null, cols: null, metric: "errors_per_s", groups: null, pos: null, cell: null,
              z: null, tipGpu: -1, W: 0, H: 0, axis: null, socket: null, pending: [], received: 0, store: "nvlink-live",
-             ready: false, drawing: false, queue: [], clickBound: false };
+             ready: false, clickBound: false };
   var nvStats = (BW.nvlinkStats = { renderedAt: null, payloadAt: null, builtAt: null, builds: 0, messages: 0, applied: 0,
                                      lastCells: 0, lastApplyMs: null });
 
@@ -415,19 +415,7 @@
 
   /* --- Live: patch cells in place, one restyle at a time ----------------------------------- */
 
-  function restyle(gd) {
-    if (nv.drawing) return;
-    var batch = nv.queue;
-    nv.queue = [];
-    nv.drawing = true;
-    window.Plotly.restyle(gd, { z: [nv.z.slice()] }, [0]).then(function () {
-      var t = performance.now();
-      batch.forEach(function (b) { nvStats.applied += 1; nvStats.lastCells = b.cells; nvStats.lastApplyMs = t - b.received; });
-    }).finally(function () {
-      nv.drawing = false;
-      if (nv.queue.length) restyle(gd);
-    });
-  }
+  var restyle = BW.restyler(function () { return [{ z: [nv.z.slice()] }, [0]]; });
 
   function patch(i) {
     var at = nv.pos[i];
@@ -924,8 +912,10 @@
       var gd = graphDiv("nvlink-grid");
       if (patched.size && gd && nv.z) {
         patched.forEach(patch);
-        nv.queue.push({ received: received || performance.now(), cells: patched.size });
-        restyle(gd);
+        var at = received || performance.now(), cells = patched.size;
+        restyle(gd, function (drawnAt) {
+          nvStats.applied += 1; nvStats.lastCells = cells; nvStats.lastApplyMs = drawnAt - at;
+        });
       } else if (live) {
         nvStats.applied += 1; nvStats.lastCells = 0;
       }

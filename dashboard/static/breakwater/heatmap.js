@@ -20,7 +20,7 @@
   var BAND = 0.04;  // share of the colour axis for each sentinel band below the range
 
   var st = { payload: null, z: null, cd: null, pos: null, socket: null, metric: null, clickBound: false,
-             ready: false, drawing: false, pending: [] };
+             ready: false };
   var stats = (BW.heatmapStats = { applied: 0, lastApplyMs: null, lastCells: 0, renderedAt: null, renders: 0 });
 
   function fmt(meta, v) {
@@ -223,26 +223,8 @@
     });
   }
 
-  /* One restyle at a time: cells changed while one runs are drawn by one more pass after it. */
-  function redraw(gd) {
-    if (st.drawing) return;
-    var batch = st.pending;
-    st.pending = [];
-    st.drawing = true;
-    // New outer arrays make Plotly recompute the trace; the rows are shared with the figure prop.
-    window.Plotly.restyle(gd, { z: [st.z.slice()], customdata: [st.cd.slice()] }, [0]).then(function () {
-      var now = performance.now();
-      batch.forEach(function (b) {
-        stats.applied += 1;
-        stats.lastCells = b.cells;
-        stats.lastApplyMs = now - b.received;
-      });
-      gd.dataset.applied = String(stats.applied);
-    }).finally(function () {
-      st.drawing = false;
-      if (st.pending.length) redraw(gd);
-    });
-  }
+  // The rows of z and customdata are shared with the figure prop; the pass gives new outer arrays.
+  var redraw = BW.restyler(function () { return [{ z: [st.z.slice()], customdata: [st.cd.slice()] }, [0]]; });
 
   function subscribe() {
     if (!st.socket) {
@@ -311,8 +293,13 @@
       if (changed) drawAttention(meta);
       var gd = graphDiv();
       if (!changed || !gd || !g.id.length) return nu;
-      st.pending.push({ received: msg._received || performance.now(), cells: changed });
-      redraw(gd);
+      var received = msg._received || performance.now();
+      redraw(gd, function (drawnAt) {
+        stats.applied += 1;
+        stats.lastCells = changed;
+        stats.lastApplyMs = drawnAt - received;
+        gd.dataset.applied = String(stats.applied);
+      });
       return msg.seq || 0;
     }
   });

@@ -12,6 +12,8 @@
  * the page in place (BW.patch, patch.js), so focus, typed text, open menus and scroll stay put.
  * BW.livePageStats counts what was applied (the browser tests wait on it).
  *
+ * BW.restyler(update) is the one way a pushed delta reaches a Plotly figure (see below).
+ *
  * BW.esc(text) escapes text for HTML (element content and quoted attribute values) and for Plotly's
  * text (hover templates, annotations): every page script that builds markup from strings uses it.
  * Quotes are written as numeric references, which Plotly decodes too (it knows no &quot;).
@@ -137,5 +139,35 @@
    * applies it. Call only once the app has rendered (the renderer defines set_props). */
   BW.setStore = function (id, data) {
     window.dash_clientside.set_props(id, { data: data });
+  };
+
+  /* The fast path for deltas, shared by every figure a push patches in place (heatmap, fabric matrix,
+   * NVLink grid): one Plotly.restyle at a time. A page patches its arrays, then calls draw(gd, done).
+   * `update()` gives the restyle's [attributes, traces] for the figure's state when a pass starts (new
+   * outer arrays, so Plotly recomputes the trace: restyle redraws the whole figure either way); changes
+   * that land while a pass runs are drawn together by one more pass after it, so a burst of pushes costs
+   * two redraws, not one per message. `done(drawnAt)` runs once the pass holding this call's changes has
+   * been drawn (performance.now()). */
+  BW.restyler = function (update) {
+    var drawing = false;
+    var waiting = [];
+    function pass(gd) {
+      if (drawing) return;
+      var batch = waiting;
+      waiting = [];
+      drawing = true;
+      var args = update();
+      window.Plotly.restyle(gd, args[0], args[1]).then(function () {
+        var now = performance.now();
+        batch.forEach(function (done) { if (done) done(now); });
+      }).finally(function () {
+        drawing = false;
+        if (waiting.length) pass(gd);
+      });
+    }
+    return function draw(gd, done) {
+      waiting.push(done || null);
+      pass(gd);
+    };
   };
 })();
