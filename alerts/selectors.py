@@ -102,6 +102,25 @@ def open_alerts(limit: int = LIST_LIMIT) -> list[dict]:
     return sorted((alert_row(a) for a in qs), key=lambda r: SEVERITY_ORDER.get(r["severity"], 9))
 
 
+def scoped_alerts(who, resolved_since: datetime, *, limit: int = LIST_LIMIT, resolved_limit: int = 50) -> dict:
+    """The alerts `who` sees (tenancy's scoping: a tenant's are labelled tenant=<slug>): "open" ones, most severe
+    first, then newest, and those "resolved" since `resolved_since`, newest first."""
+    scoped = Alert.objects.visible_to(who).select_related("acked_by")
+    current = [alert_row(a) for a in scoped.filter(state__in=OPEN_STATES).order_by("-starts_at")[:limit]]
+    recent = scoped.filter(state=AlertState.RESOLVED, ends_at__gte=resolved_since).order_by("-ends_at")
+    return {"open": sorted(current, key=lambda r: SEVERITY_ORDER.get(r["severity"], 9)),
+            "resolved": [alert_row(a) for a in recent[:resolved_limit]]}
+
+
+def actions_on(targets: dict[str, set[str]], states, since: datetime) -> list[RemediationAction]:
+    """Remediation actions in `states` created since `since` on any of `targets` ({"node": hostnames, "gpu":
+    uuids, "job": job keys}), oldest first."""
+    where = Q(pk__in=[])
+    for kind, keys in targets.items():
+        where |= Q(target_kind=kind, target_key__in=keys)
+    return list(RemediationAction.objects.filter(where, state__in=states, created_at__gte=since).order_by("created_at"))
+
+
 def open_alert_counts() -> dict:
     """Open alerts by severity, and how many are firing unacknowledged: the one count the alerts list,
     the fleet page and the API show, so they cannot disagree."""
@@ -375,6 +394,11 @@ def actions(states: tuple[str, ...] | None = None, limit: int = LIST_LIMIT) -> l
     if states:
         qs = qs.filter(state__in=states)
     return [action_row(x) for x in qs.order_by("-created_at", "-id")[:limit]]
+
+
+def remediation_action(action_id: int) -> RemediationAction | None:
+    """One action with who decided it and its alert, or None."""
+    return RemediationAction.objects.select_related("decided_by", "alert").filter(pk=action_id).first()
 
 
 def remediation_overview(limit: int = 50) -> dict:

@@ -22,10 +22,10 @@ from django.utils import timezone
 
 from anomaly.selectors import members_between, straggling_ranks
 from telemetry.health import FAILING_EVENT_KINDS, RESET_OR_RMA_XIDS
-from telemetry.models import Allocation, Gpu, GpuEvent, Job, JobStateChange, MigInstance, Node
+from telemetry.models import Allocation, Gpu, GpuEvent, Job, JobState, JobStateChange, MigInstance, Node
 from telemetry.xid import describe
 from tenancy.metering import floor_hour
-from tenancy.models import Quota, Tenant, TenantAccount, UsageHour
+from tenancy.models import Invoice, InvoiceLine, MeteringWatermark, Quota, Tenant, TenantAccount, UsageHour
 
 SUMS = ("gpu_hours", "busy_hours", "idle_held_hours", "unmeasured_hours", "lost_hours", "failed_hours",
         "energy_gpu_kwh", "energy_node_kwh", "energy_facility_kwh")
@@ -408,3 +408,74 @@ def tenants_for(kind: str, refs, at: datetime) -> dict:
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return dict(cur.fetchall())
+
+
+# --- The tenant portal's reads: tenants, invoices, the GPUs a tenant holds -----------------------------------
+
+def visible_tenants(who) -> list[Tenant]:
+    """Every tenant `who` sees, by name, with its parent (an organisation) at hand."""
+    return list(Tenant.objects.visible_to(who).select_related("parent").order_by("name"))
+
+
+def tenant_by_slug(who, slug: str) -> tuple[Tenant | None, bool]:
+    """(the tenant called `slug` if `who` sees it, whether a tenant of that slug exists at all): a page tells
+    "no such tenant" (404) from "not yours" (403)."""
+    tenant = Tenant.objects.visible_to(who).filter(slug=slug).first()
+    return tenant, tenant is not None or Tenant.objects.filter(slug=slug).exists()
+
+
+def child_tenants(who, tenant: Tenant) -> list[Tenant]:
+    """The teams and projects directly under `tenant` that `who` sees, by name."""
+    return list(Tenant.objects.visible_to(who).filter(parent=tenant).order_by("name"))
+
+
+def tenants_with_usage(who, start: datetime, end: datetime) -> list[Tenant]:
+    """The tenants `who` sees that have metered usage in [start, end), by name."""
+    ids = UsageHour.objects.visible_to(who).filter(hour__gte=start, hour__lt=end).values("tenant_id")
+    return list(Tenant.objects.visible_to(who).filter(id__in=ids).order_by("name"))
+
+
+def invoices(who, *, period_start: datetime | None = None, limit: int | None = None) -> list[Invoice]:
+    """The invoices and showback statements `who` sees (of the period that starts at `period_start` only, when
+    given), newest period first, then by tenant name."""
+    qs = Invoice.objects.visible_to(who).select_related("tenant").order_by("-period_start", "tenant__name")
+    if period_start is not None:
+        qs = qs.filter(period_start=period_start)
+    return list(qs[:limit] if limit else qs)
+
+
+def invoice(who, number: str) -> Invoice | None:
+    """The invoice numbered `number`, if `who` sees it."""
+    return Invoice.objects.visible_to(who).select_related("tenant").filter(number=number).first()
+
+
+def invoice_line(who, line_id: int) -> InvoiceLine | None:
+    """The invoice line `line_id` with its invoice, if `who` sees it."""
+    return InvoiceLine.objects.visible_to(who).select_related("invoice").filter(pk=line_id).first()
+
+
+def period_invoice(who, tenant: Tenant, period_start: datetime) -> Invoice | None:
+    """`tenant`'s invoice (or draft) for the period that starts at `period_start`, if `who` sees it."""
+    return Invoice.objects.visible_to(who).filter(tenant=tenant, period_start=period_start).first()
+
+
+def metered_until() -> datetime | None:
+    """Where metering stands: usage is metered per clock hour, once the hour has ended."""
+    return MeteringWatermark.objects.filter(name="usage").values_list("metered_until", flat=True).first()
+
+
+def held_allocations(who, at: datetime, recent_failures: timedelta) -> list[Allocation]:
+    """The GPU allocations of `who`'s running jobs, and of its jobs the hardware ended (failed or node failure)
+    in the last `recent_failures`, with job and node, by job, host and GPU index."""
+    ended_by_failure = Q(job__state__in=(JobState.FAILED, JobState.NODE_FAIL), end__gte=at - recent_failures)
+    return list(Allocation.objects.visible_to(who).filter(gpu__isnull=False)
+                .filter(Q(end__isnull=True) | ended_by_failure)
+                .select_related("job", "gpu__node").order_by("job_id", "gpu__node__hostname", "gpu_index"))
+
+
+def open_fault_labels(gpu_ids) -> dict[int, list[str]]:
+    """GPU id -> its open (uncleared) faults, as "XID 79" or the fault kind's name."""
+    out: dict[int, list[str]] = {}
+    for ev in GpuEvent.objects.filter(gpu_id__in=list(gpu_ids), cleared_at__isnull=True):
+        out.setdefault(ev.gpu_id, []).append(f"XID {ev.code}" if ev.kind == "xid" else ev.get_kind_display())
+    return out

@@ -27,7 +27,6 @@ import asyncio
 import time
 
 from channels.db import database_sync_to_async
-from django.db import connection, transaction
 
 from dashboard.consumers.base import LiveConsumer
 from telemetry.selectors.fabric import METRICS, fabric_graph
@@ -47,9 +46,7 @@ READ_TIMEOUT_MS = 20_000
 def read_graph() -> list[dict]:
     """`fabric_graph()` under a statement timeout, so a read gone wrong cannot hold the
     process's database thread and every open page's updates behind it."""
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(f"SET LOCAL statement_timeout = {READ_TIMEOUT_MS}")
-        return fabric_graph()
+    return fabric_graph(timeout_ms=READ_TIMEOUT_MS)
 
 
 class SharedGraph:

@@ -13,11 +13,10 @@ from dashboard.consumers.base import LiveConsumer
 from dashboard.dash_apps.inventory import MAX_POINTS, parse_time, series_points
 from dashboard.pages.inventory import event_rows
 from telemetry.fields import KINDS
-from telemetry.models import Gpu, Port
-from telemetry.selectors import gpu_events
+from telemetry.selectors import gpu_events, inventory
 from telemetry.series import RESOLUTIONS, Series, series
 
-LIVE_KINDS = {"gpu": Gpu, "port": Port}
+LIVE_KINDS = ("gpu", "port")  # what a drill-down page follows live
 # A raw read newer than `since` past this many samples means the page fell far behind (a long
 # disconnect on a fast-sampling entity): it reloads its window rather than take a flood.
 LIVE_MAX_POINTS = 5000
@@ -95,17 +94,18 @@ def parse_subscription(raw) -> Subscription | str:
     if resolution not in RESOLUTIONS:
         return f"unknown resolution: {resolution!r}"
     try:
-        entity = LIVE_KINDS[kind].objects.filter(pk=int(raw.get("id"))).first()
+        entity_id = int(raw.get("id"))
         span = _seconds(raw.get("range_s"))
         step = _seconds(raw.get("step_s"))
     except (TypeError, ValueError, OverflowError):
         return "id must be an integer; range_s and step_s positive numbers of seconds"
-    if entity is None:
+    uuid = inventory.gpu_uuid(entity_id) if kind == "gpu" else None
+    if (uuid if kind == "gpu" else inventory.entity_id("port", str(entity_id))) is None:
         return f"no {kind} with id {raw.get('id')!r}"
     if resolution != "raw" and (span is None or step is None):
         return "a rollup subscription needs range_s and step_s"
-    events_of = entity.uuid if kind == "gpu" and raw.get("events") else None
-    return Subscription(kind, entity.pk, field, since, resolution, step, span, raw.get("tag"), events_of)
+    events_of = uuid if kind == "gpu" and raw.get("events") else None
+    return Subscription(kind, entity_id, field, since, resolution, step, span, raw.get("tag"), events_of)
 
 
 def _seconds(value) -> timedelta | None:

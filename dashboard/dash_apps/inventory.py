@@ -20,8 +20,8 @@ from django.utils import timezone
 from django_plotly_dash import DjangoDash
 
 from telemetry.fields import COUNTER, KINDS
-from telemetry.models import Gpu, Node, Port
 from telemetry.rollups import INTERVALS
+from telemetry.selectors import inventory
 from telemetry.series import Series, series
 
 RANGES: dict[str, tuple[timedelta, str]] = {
@@ -117,16 +117,7 @@ def _segment(pathname: str | None, prefix: str) -> str | None:
 
 def entity_id(kind: str, pathname: str | None) -> int | None:
     """The GPU / port / node id named by a page path, or None if it names nothing."""
-    if kind == "gpu":
-        uuid = _segment(pathname, "gpus")
-        return Gpu.objects.filter(uuid=uuid).values_list("id", flat=True).first() if uuid else None
-    if kind == "port":
-        key = _segment(pathname, "ports")
-        if not key or not key.isdigit():
-            return None
-        return Port.objects.filter(pk=int(key)).values_list("id", flat=True).first()
-    host = _segment(pathname, "nodes")
-    return Node.objects.filter(hostname=host).values_list("id", flat=True).first() if host else None
+    return inventory.entity_id(kind, _segment(pathname, {"gpu": "gpus", "port": "ports"}.get(kind, "nodes")))
 
 
 # --- One entity, one field ---------------------------------------------------------------------
@@ -218,8 +209,7 @@ def node_series(pathname: str | None, search: str | None, field: str | None, ran
     range_key = range_key if range_key in RANGES else DEFAULT_RANGE
     start, end, live = window(search, range_key, now)
     traces, resolutions = [], []
-    for gpu_id, index, uuid in Gpu.objects.filter(node_id=node).order_by("index", "id").values_list(
-            "id", "index", "uuid"):
+    for gpu_id, index, uuid in inventory.node_gpus(node):
         s = series("gpu", gpu_id, field, start, end, max_points=MAX_POINTS)
         if RESOLUTION_LABELS[s.resolution] not in resolutions:  # raw may fall up to 1 min for a busy GPU
             resolutions.append(RESOLUTION_LABELS[s.resolution])

@@ -26,7 +26,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from alerts import delivery, forms, lifecycle, rule_actions, selectors, silences
-from alerts.models import ActionState, AlertState, NotificationStatus, RemediationAction, Severity
+from alerts.models import ActionState, AlertState, NotificationStatus, Severity
 from alerts.remediation import actions as remediation_actions
 from alerts.remediation import evidence
 from alerts.remediation.actions import ActionError
@@ -34,7 +34,7 @@ from alerts.remediation.impact import APPROVABLE, action_impact, confirm_token, 
 from dashboard.pages.formatting import duration, when
 from dashboard.pages.svgchart import line_chart
 from telemetry import health
-from telemetry.models import Gpu, Node
+from telemetry.selectors import inventory
 from tenancy.access import operator_required
 
 
@@ -106,8 +106,8 @@ def with_entity_health(rows: list[dict], at: datetime) -> list[dict]:
 
     keys = {kind: {r["entity_key"] for r in rows if r.get("entity_kind") == kind and r.get("entity_key")}
             for kind in ("gpu", "node", "port")}
-    gpu_ids = dict(Gpu.objects.filter(uuid__in=keys["gpu"]).values_list("uuid", "id"))
-    node_ids = dict(Node.objects.filter(hostname__in=keys["node"]).values_list("hostname", "id"))
+    gpu_ids = inventory.gpu_ids(keys["gpu"])
+    node_ids = inventory.node_ids(keys["node"])
     port_ids = {k: int(k) for k in keys["port"] if k.isdigit()}
     found = {
         "gpu": (gpu_ids, health.gpu_health(gpu_ids.values(), now=at) if gpu_ids else {}),
@@ -434,7 +434,7 @@ def action_approve(request, action_id: int):
 
 
 def _get_action(action_id: int):
-    action = RemediationAction.objects.select_related("decided_by", "alert").filter(pk=action_id).first()
+    action = selectors.remediation_action(action_id)
     if action is None:
         raise Http404("No such remediation action.")
     return action

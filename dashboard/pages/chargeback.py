@@ -26,7 +26,7 @@ from tenancy import actions, selectors
 from tenancy.access import operator_required
 from tenancy.billing import BillingError, do_correct_line, do_finalize_invoice, do_generate_invoice, run_invoices
 from tenancy.exports import usage_csv
-from tenancy.models import BillingMode, Invoice, InvoiceLine, InvoiceState, Tenant
+from tenancy.models import BillingMode, Invoice, InvoiceState, Tenant
 
 PERIOD_RE = re.compile(r"^(\d{4})-(\d{2})$")
 PERIODS_SHOWN = 6
@@ -76,8 +76,8 @@ def tenant_rows(user, start: datetime, end: datetime) -> tuple[list[dict], Decim
     until = min(end, portal.floor_hour(portal.now()))
     rows = selectors.usage_summary(user, start, until, by=("tenant",)) if until > start else []
     usage = {r["tenant"]: r for r in rows}
-    invoices = {i.tenant_id: i for i in Invoice.objects.visible_to(user).filter(period_start=start)}
-    tenants = list(Tenant.objects.visible_to(user).select_related("parent"))
+    invoices = {i.tenant_id: i for i in selectors.invoices(user, period_start=start)}
+    tenants = selectors.visible_tenants(user)
     rows = {t.id: _tenant_row(t, usage.get(t.slug), invoices.get(t.id), start, until) for t in tenants}
     for t in tenants:
         if t.parent_id in rows:
@@ -143,18 +143,18 @@ def chargeback(request):
     """All tenants' usage and cost for a period, fair share, quotas, and the invoices with their actions."""
     at = portal.now()
     start, end = parse_period(request.GET.get("period"), at)
-    invoices = Invoice.objects.visible_to(request.user).select_related("tenant").filter(period_start=start)
+    invoices = selectors.invoices(request.user, period_start=start)
     tenants, unmapped = tenant_rows(request.user, start, end)
     return render(request, "chargeback/chargeback.html", {
         "period": f"{start:%Y-%m}", "period_start": start, "period_end": end, "periods": recent_periods(at),
         "tenants": tenants, "unmapped_hours": unmapped, "fair_share": fair_share_rows(request.user, at),
         "quotas": quota_rows(request.user, start, end),
-        "invoices": [portal.invoice_row(i, "/chargeback") for i in invoices.order_by("tenant__name")],
+        "invoices": [portal.invoice_row(i, "/chargeback") for i in invoices],
         "period_over": end <= at, "tab": "chargeback"})
 
 
 def _invoice(user, number: str) -> Invoice:
-    inv = Invoice.objects.visible_to(user).select_related("tenant").filter(number=number).first()
+    inv = selectors.invoice(user, number)
     if inv is None:
         raise Http404("No such invoice.")
     return inv
@@ -215,7 +215,7 @@ def generate(request):
     start, end = parse_period(request.POST.get("period"), at)
     slug = request.POST.get("tenant", "")
     if slug:
-        tenant = Tenant.objects.visible_to(request.user).filter(slug=slug).first()
+        tenant, _ = selectors.tenant_by_slug(request.user, slug)
         if tenant is None:
             raise Http404("No such tenant.")
         _attempt(request, lambda: do_generate_invoice(tenant, start, end, now=at),
@@ -252,7 +252,7 @@ def finalize(request, number: str):
 def correct_line(request, line_id: int):
     """A credit or debit against a final invoice's line; it lands on the tenant's next draft."""
 
-    line = InvoiceLine.objects.visible_to(request.user).select_related("invoice").filter(pk=line_id).first()
+    line = selectors.invoice_line(request.user, line_id)
     if line is None:
         raise Http404("No such invoice line.")
     form = CorrectionForm(request.POST)
@@ -270,7 +270,7 @@ def correct_line(request, line_id: int):
 @require_POST
 def billing_mode(request, slug: str):
     """Bill the tenant (invoice) or only show its cost (showback); drafts follow at their next generation."""
-    tenant = Tenant.objects.visible_to(request.user).filter(slug=slug).first()
+    tenant, _ = selectors.tenant_by_slug(request.user, slug)
     if tenant is None:
         raise Http404("No such tenant.")
     mode = request.POST.get("mode", "")

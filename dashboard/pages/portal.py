@@ -17,25 +17,22 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import wraps
 
-from django.db.models import Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
-from alerts.models import Alert, AlertState, RemediationAction
-from alerts.selectors import OPEN_STATES, SEVERITY_ORDER, alert_row
+from alerts import selectors as alert_selectors
 from dashboard.pages.alerts import display_alert
 from dashboard.staticfiles import DASH_ASSET_VERSION
 from telemetry import health as health_model
-from telemetry.models import Allocation, GpuEvent, JobState
 from telemetry.selectors.inventory import gpu_tile, job_key, latest_gpu_rows
 from tenancy import exports, selectors
 from tenancy.access import forbidden_page, tenant_member_required
 from tenancy.billing import LOST_RULES, UNMEASURED_RULE, BillingError, add_month, load_cards, price_usage, statement
 from tenancy.exports import usage_csv
-from tenancy.models import Invoice, MeteringWatermark, Role, Tenant, UsageHour
+from tenancy.models import Invoice, Role, Tenant
 from tenancy.scoping import Scope, scope_for
 
 DAY = timedelta(days=1)
@@ -90,7 +87,7 @@ class TenantView:
 def root_tenants(user) -> list[Tenant]:
     """The tenants `user` holds a role in directly or through an organisation, without their teams
     (a team is listed only when its organisation is not)."""
-    tenants = list(Tenant.objects.visible_to(user).order_by("name"))
+    tenants = selectors.visible_tenants(user)
     ids = {t.id for t in tenants}
     return [t for t in tenants if t.parent_id not in ids]
 
@@ -104,9 +101,9 @@ def tenant_page(view):
 
     @wraps(view)
     def wrapper(request, slug: str, *args, **kwargs):
-        tenant = Tenant.objects.visible_to(request.user).filter(slug=slug).first()
+        tenant, exists = selectors.tenant_by_slug(request.user, slug)
         if tenant is None:
-            if not Tenant.objects.filter(slug=slug).exists():
+            if not exists:
                 raise Http404("No such tenant.")
             return forbidden_page(request, "This tenant's portal is for its own members.")
         role = scope_for(request.user).role_in(tenant.id)
@@ -119,7 +116,7 @@ def _frame(request, view: TenantView, tab: str, **context) -> dict:
     """What every portal page needs: the tenant, its place in the hierarchy, the tabs and the caller."""
     tenant = view.tenant
     return {"tenant": tenant, "parent": tenant.parent if tenant.parent_id else None,
-            "children": list(Tenant.objects.visible_to(view).filter(parent=tenant).order_by("name")),
+            "children": selectors.child_tenants(view, tenant),
             "role": Role(view.role).label if view.role in Role.values else view.role,
             "operator": scope_for(request.user).operator, "tab": tab, **context}
 
@@ -177,12 +174,6 @@ def export_response(inv: Invoice, fmt: str) -> HttpResponse:
 
 # --- Reads -----------------------------------------------------------------------------------------------
 
-def used_tenants(view, start: datetime, end: datetime) -> list[Tenant]:
-    """The tenants `view` sees that have metered usage in [start, end)."""
-    ids = UsageHour.objects.visible_to(view).filter(hour__gte=start, hour__lt=end).values("tenant_id")
-    return list(Tenant.objects.visible_to(view).filter(id__in=ids).order_by("name"))
-
-
 def priced_total(tenant: Tenant, start: datetime, end: datetime, book=None) -> tuple[Decimal | None, str]:
     """What the tenant's usage in [start, end) costs at its rate cards: (amount, "") or (None, why not)."""
     if end <= start:
@@ -197,7 +188,7 @@ def daily_cost(view, days: list[datetime], end: datetime) -> tuple[list[float | 
     """Cost per day of `days` (UTC midnights, the last one cut at `end`) over every tenant in view."""
     totals: list[Decimal | None] = [Decimal(0)] * len(days)
     problems: list[str] = []
-    for tenant in used_tenants(view, days[0], end):
+    for tenant in selectors.tenants_with_usage(view, days[0], end):
         book = load_cards(tenant)
         for i, day in enumerate(days):
             amount, why = priced_total(tenant, day, min(day + DAY, end), book)
@@ -256,7 +247,7 @@ def _waste_costs(view, start: datetime, end: datetime, job_ids: set[int]) -> dic
     rows = [r for r in selectors.usage_summary(view, start, end, by=("tenant", "job", "gpu_model", "mig_profile",
                                                                        "qos")) if r["job_id"] in job_ids]
     books, out = {}, {}
-    tenants = {t.slug: t for t in Tenant.objects.visible_to(view)}
+    tenants = {t.slug: t for t in selectors.visible_tenants(view)}
     for r in rows:
         tenant = tenants.get(r["tenant"])
         book = books.setdefault(r["tenant"], load_cards(tenant) if tenant else None)
@@ -307,15 +298,10 @@ def gpu_health_rows(view, at: datetime) -> dict:
     """The GPUs the tenant's running jobs hold, and those of its jobs that the hardware ended in the last
     RECENT_FAILURES (failed or node failure): per job (count, utilisation, temperature, power, health) and the
     GPUs themselves, unhealthy and faulted ones first, with their open faults."""
-    ended_by_failure = Q(job__state__in=(JobState.FAILED, JobState.NODE_FAIL), end__gte=at - RECENT_FAILURES)
-    allocs = list(Allocation.objects.visible_to(view).filter(gpu__isnull=False)
-                  .filter(Q(end__isnull=True) | ended_by_failure)
-                  .select_related("job", "gpu__node").order_by("job_id", "gpu__node__hostname", "gpu_index"))
+    allocs = selectors.held_allocations(view, at, RECENT_FAILURES)
     latest = latest_gpu_rows(a.gpu_id for a in allocs)
     healths = health_model.gpu_health([a.gpu_id for a in allocs], now=at)
-    faults: dict[int, list[str]] = {}
-    for ev in GpuEvent.objects.filter(gpu_id__in=[a.gpu_id for a in allocs], cleared_at__isnull=True):
-        faults.setdefault(ev.gpu_id, []).append(f"XID {ev.code}" if ev.kind == "xid" else ev.get_kind_display())
+    faults = selectors.open_fault_labels(a.gpu_id for a in allocs)
     gpus, jobs = [], {}
     for a in allocs:
         node, tile = a.gpu.node, gpu_tile(latest.get(a.gpu_id), healths[a.gpu_id])
@@ -359,12 +345,9 @@ def hardware_events(view, start: datetime, end: datetime) -> list[dict]:
     rows = selectors.job_hardware_events(view, start, end)
     if not rows:
         return []
-    targets = Q(pk__in=[])
-    for kind, key in (("node", "host"), ("gpu", "gpu_uuid"), ("job", "job_key")):
-        targets |= Q(target_kind=kind, target_key__in={r[key] for r in rows})
-    actions = list(RemediationAction.objects.filter(targets, state__in=DONE_STATES,
-                                                    created_at__gte=min(r["first_seen"] for r in rows))
-                   .order_by("created_at"))
+    keys = (("node", "host"), ("gpu", "gpu_uuid"), ("job", "job_key"))
+    targets = {kind: {r[key] for r in rows} for kind, key in keys}
+    actions = alert_selectors.actions_on(targets, DONE_STATES, min(r["first_seen"] for r in rows))
     for r in rows:
         until = (r["cleared_at"] or end) + AFTER_CLEAR
         keys = {("node", r["host"]), ("gpu", r["gpu_uuid"]), ("job", r["job_key"])}
@@ -377,13 +360,8 @@ def hardware_events(view, start: datetime, end: datetime) -> list[dict]:
 
 def tenant_alerts(view, at: datetime) -> dict:
     """The tenant's open alerts, and those resolved in the last WASTE_DAYS days (labelled tenant=<slug>)."""
-
-    scoped = Alert.objects.visible_to(view).select_related("acked_by")
-    current = scoped.filter(state__in=OPEN_STATES).order_by("-starts_at")[:200]
-    open_rows = [display_alert(alert_row(a), at) for a in current]
-    open_rows.sort(key=lambda r: SEVERITY_ORDER.get(r["severity"], 9))
-    recent = scoped.filter(state=AlertState.RESOLVED, ends_at__gte=at - WASTE_DAYS * DAY).order_by("-ends_at")[:50]
-    return {"open": open_rows, "resolved": [display_alert(alert_row(a), at) for a in recent]}
+    alerts = alert_selectors.scoped_alerts(view, at - WASTE_DAYS * DAY)
+    return {which: [display_alert(r, at) for r in rows] for which, rows in alerts.items()}
 
 
 # --- Pages -----------------------------------------------------------------------------------------------
@@ -393,8 +371,7 @@ def tenant_alerts(view, at: datetime) -> dict:
 def portal_home(request):
     """Where a tenant's user lands: their tenant's portal, or a choice when they belong to several."""
     scope = scope_for(request.user)
-    tenants = list(Tenant.objects.visible_to(request.user).order_by("name")) if scope.operator else \
-        root_tenants(request.user)
+    tenants = selectors.visible_tenants(request.user) if scope.operator else root_tenants(request.user)
     if len(tenants) == 1 and not scope.operator:
         return redirect("portal", slug=tenants[0].slug)
     return render(request, "portal/choose.html", {"tenants": tenants, "operator": scope.operator})
@@ -404,11 +381,10 @@ def portal_home(request):
 def portal(request, view: TenantView):
     """A tenant's overview: usage and cost per day, waste, quota, this month's spend, the latest invoices."""
     at = now()
-    invoices = Invoice.objects.visible_to(view).select_related("tenant").order_by("-period_start", "tenant__name")
     return render(request, "portal/overview.html", _frame(request, view, "overview", **{
         "charts": chart_data(view, at), "waste": waste_lines(view, at), "quotas": quota_rows(view),
-        **month_spent(view, at), **week_totals(view, at), "metered_until": metered_until(),
-        "invoices": [invoice_row(i, _base(view)) for i in invoices[:5]],
+        **month_spent(view, at), **week_totals(view, at), "metered_until": selectors.metered_until(),
+        "invoices": [invoice_row(i, _base(view)) for i in selectors.invoices(view, limit=5)],
         "open_alerts": tenant_alerts(view, at)["open"], "plotly_version": DASH_ASSET_VERSION,
         "usage_csv": f"{_base(view)}/usage.csv?days={CHART_DAYS}"}))
 
@@ -427,8 +403,9 @@ def month_spent(view, at: datetime) -> dict:
     start = month_start(at)
     end = add_month(start)
     own = _statement_total(view.tenant, start, end)
-    teams = [_statement_total(t, start, end) for t in used_tenants(view, start, at) if t.id != view.tenant.id]
-    draft = Invoice.objects.visible_to(view).filter(tenant=view.tenant, period_start=start).first()
+    teams = [_statement_total(t, start, end) for t in selectors.tenants_with_usage(view, start, at)
+             if t.id != view.tenant.id]
+    draft = selectors.period_invoice(view, view.tenant, start)
     return {"spent": None if own is None else money(own, view.tenant.currency),
             "spent_teams": (None if None in teams else money(sum(teams, Decimal(0)), view.tenant.currency))
             if teams else "", "draft": invoice_row(draft, _base(view)) if draft else None}
@@ -468,13 +445,12 @@ def portal_jobs(request, view: TenantView):
 @tenant_page
 def portal_invoices(request, view: TenantView):
     """Every invoice and showback statement of the tenant (and its teams), newest period first."""
-    invoices = Invoice.objects.visible_to(view).select_related("tenant").order_by("-period_start", "tenant__name")
     return render(request, "portal/invoices.html", _frame(
-        request, view, "invoices", invoices=[invoice_row(i, _base(view)) for i in invoices]))
+        request, view, "invoices", invoices=[invoice_row(i, _base(view)) for i in selectors.invoices(view)]))
 
 
 def _invoice(view, number: str) -> Invoice:
-    inv = Invoice.objects.visible_to(view).select_related("tenant").filter(number=number).first()
+    inv = selectors.invoice(view, number)
     if inv is None:
         raise Http404("No such invoice.")
     return inv
@@ -515,7 +491,3 @@ def portal_health(request, view: TenantView):
         request, view, "health", alerts=tenant_alerts(view, at), health=gpu_health_rows(view, at),
         events=hardware_events(view, at - WASTE_DAYS * DAY, at)))
 
-
-def metered_until():
-    """Where metering stands: usage is metered per clock hour, once the hour has ended."""
-    return MeteringWatermark.objects.filter(name="usage").values_list("metered_until", flat=True).first()

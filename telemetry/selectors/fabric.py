@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from datetime import datetime, timedelta
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -282,8 +282,9 @@ def _edge_state(p: dict) -> str:
     return "ok"
 
 
-def fabric_graph(*, now: datetime | None = None) -> list[dict]:
-    """dash-cytoscape elements for the switch-level Clos topology.
+def fabric_graph(*, now: datetime | None = None, timeout_ms: int | None = None) -> list[dict]:
+    """dash-cytoscape elements for the switch-level Clos topology; with `timeout_ms`, the read is cancelled
+    (the database raises) past that many milliseconds.
 
     Nodes: one per switch, ``{"data": {"id": "sw<pk>", "label", "role", "rail", "rack",
     "nodes"}}``, where `nodes` counts the hosts cabled to it (HCAs are not drawn: 16k of them
@@ -293,7 +294,12 @@ def fabric_graph(*, now: datetime | None = None) -> list[dict]:
     "no data" where no port of the pair has a current reading.
     """
     now = now or timezone.now()
-    pairs, switches = _fabric(now, leaf_spine_only=False)
+    if timeout_ms is None:
+        pairs, switches = _fabric(now, leaf_spine_only=False)
+    else:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+            pairs, switches = _fabric(now, leaf_spine_only=False)
     nodes = [
         {"data": {"id": f"sw{s['id']}", "label": s["name"], "role": s["role"], "rail": s["rail"],
                   "rack": s["rack"], "nodes": s["nodes"]}}

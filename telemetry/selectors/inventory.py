@@ -22,7 +22,7 @@ from django.utils import timezone
 from telemetry import health as health_model
 from telemetry.fields import KINDS
 from telemetry.health import health_fields
-from telemetry.models import SAMPLE_MODELS, Allocation, Gpu, GpuEvent, Job, JobState, Node, PowerDevice
+from telemetry.models import SAMPLE_MODELS, Allocation, Gpu, GpuEvent, Job, JobState, Node, Port, PowerDevice
 
 GPU_LATEST = SAMPLE_MODELS["gpu"]["latest"]
 # The columns the health rule and the drill-down tiles need from the last-value table.
@@ -43,6 +43,37 @@ def job_key(source: str, external_id: str) -> str:
 
 
 # --- Latest values and health ------------------------------------------------------------------
+
+def gpu_ids(uuids: Iterable[str]) -> dict[str, int]:
+    """GPU uuid -> id, for the uuids the inventory knows."""
+    return dict(Gpu.objects.filter(uuid__in=list(uuids)).values_list("uuid", "id"))
+
+
+def node_ids(hostnames: Iterable[str]) -> dict[str, int]:
+    """Hostname -> node id, for the hostnames the inventory knows."""
+    return dict(Node.objects.filter(hostname__in=list(hostnames)).values_list("hostname", "id"))
+
+
+def entity_id(kind: str, key: str | None) -> int | None:
+    """The id of the GPU (by uuid), port (by id) or node (by hostname) `key` names, or None."""
+    if not key:
+        return None
+    if kind == "gpu":
+        return Gpu.objects.filter(uuid=key).values_list("id", flat=True).first()
+    if kind == "port":
+        return Port.objects.filter(pk=int(key)).values_list("id", flat=True).first() if key.isdigit() else None
+    return Node.objects.filter(hostname=key).values_list("id", flat=True).first()
+
+
+def gpu_uuid(gpu_id: int) -> str | None:
+    """The uuid of GPU `gpu_id`, or None when there is none."""
+    return Gpu.objects.filter(pk=gpu_id).values_list("uuid", flat=True).first()
+
+
+def node_gpus(node_id: int) -> list[tuple[int, int | None, str]]:
+    """(id, index, uuid) of every GPU of node `node_id`, by index."""
+    return list(Gpu.objects.filter(node_id=node_id).order_by("index", "id").values_list("id", "index", "uuid"))
+
 
 def latest_gpu_rows(gpu_ids: Iterable[int], fields: Iterable[str] = HEALTH_FIELDS) -> dict[int, dict]:
     """{gpu_id: {"time": ..., field: value}} from the GPU last-value table (its primary key)."""

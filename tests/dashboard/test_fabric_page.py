@@ -371,11 +371,11 @@ def test_a_large_change_goes_out_in_parts_under_the_message_limit():
 
 @pytest.mark.django_db
 def test_a_live_read_that_runs_too_long_is_cancelled(monkeypatch):
-    def stuck():
+    def stuck(*args, **kwargs):
         with connection.cursor() as cur:
             cur.execute("SELECT pg_sleep(5)")
 
-    monkeypatch.setattr(consumer, "fabric_graph", stuck)
+    monkeypatch.setattr(fabric_selectors, "_fabric", stuck)  # the graph's read, under the consumer's timeout
     monkeypatch.setattr(consumer, "READ_TIMEOUT_MS", 100)
     started = time.monotonic()
     with pytest.raises(OperationalError, match="statement timeout"):
