@@ -1,17 +1,6 @@
-"""Changing what mutes alerts: silences, maintenance windows and inhibition rules; each change re-routes the
-alerts it touches. What muting means, and the reads, are in alerts.muting.
-
-What mutes an alert (Alertmanager's semantics):
-
-- An alert is *silenced* by an active silence (starts_at <= now < ends_at, not expired by hand) whose matchers
-  all match its labels; a maintenance window is a silence that also blocks remediation on its targets.
-- An alert is *inhibited* by an open (firing or acknowledged), itself unmuted alert that matches an enabled
-  inhibit rule's source matchers while the alert matches its target matchers and both carry the same values of
-  the rule's `equal` labels. An alert never inhibits itself, and (Alertmanager's two-sided rule) an alert that
-  matches both sides is not inhibited by another that also matches both, so the pair cannot mute each other.
-
-Muted alerts stay in their groups but are never sent (alerts.routing). Muting is recomputed by
-alerts.routing.do_route_alerts; the actions here change silences and rules, then re-route what they touch.
+"""Changing what mutes alerts: silences, maintenance windows and inhibition rules. Each action changes them, then
+re-routes the alerts it touches (alerts.routing.do_route_alerts). What muting means, and its reads, are in
+alerts.muting.
 """
 
 from __future__ import annotations
