@@ -55,7 +55,7 @@ from anomaly.failure_data import (
 )
 from anomaly.failure_eval import EVAL_PARAMS
 from anomaly.failure_families import FAMILIES
-from anomaly.failure_prior import SurvivalPrior, titan_prior
+from anomaly.failure_prior import SurvivalPrior, titan_csv, titan_prior
 from anomaly.failure_sim import simulate_fleet
 from anomaly.findings import Contribution, Finding
 from anomaly.models import AnomalyKind, ModelKind, ModelVersion
@@ -257,7 +257,5 @@ def bootstrap_failure_model(now: datetime | None = None, *, gpus: int = 1024, ru
 
 def site_prior() -> SurvivalPrior | None:
     """The survival prior the site scores with: the active survival version's, else Titan's records if
-    they are at hand (fit_survival's default path), else none."""
-    from anomaly.management.commands.fit_survival import default_csv  # the one place that names the path
-
-    return load_prior() or titan_prior(default_csv())
+    they are at hand (failure_prior.titan_csv), else none."""
+    return load_prior() or titan_prior(titan_csv())

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from django.conf import settings
 
 from anomaly.survival import lifetimes_from_records, read_records, survival_report
 
@@ -68,6 +69,11 @@ class SurvivalPrior:
 
     def daily_hazard_at(self, age_days, vertical) -> np.ndarray:
         return 10 ** self.log_hazard_24h(age_days, vertical)
+
+
+def titan_csv() -> Path:
+    """Where Titan's GPU failure records (gc_full.csv) are by default: the shared captures beside the checkout."""
+    return Path(settings.BASE_DIR).parent / "shared" / "data" / "traces" / "titan-gpu-failures" / "gc_full.csv"
 
 
 def titan_prior(path) -> SurvivalPrior | None:

@@ -36,9 +36,8 @@ from anomaly.failure_eval import (
     summarize,
 )
 from anomaly.failure_families import FAMILIES
-from anomaly.failure_prior import titan_prior
+from anomaly.failure_prior import titan_csv, titan_prior
 from anomaly.failure_sim import simulate_fleet
-from anomaly.management.commands.fit_survival import default_csv
 
 HORIZON = timedelta(hours=24)
 STEP = timedelta(minutes=15)
@@ -114,7 +113,7 @@ class Command(BaseCommand):
             raise CommandError(f"--tick-s must be > 0, got {opts['tick_s']}")
 
     def _simulate(self, opts: dict) -> list:
-        path = opts["titan_csv"] or default_csv()
+        path = opts["titan_csv"] or titan_csv()
         prior = titan_prior(path)
         self.stdout.write(f"survival prior from {path}" if prior else f"no survival prior: {path} is missing")
         ticks = int(opts["span_h"] * 3600 / opts["tick_s"] + 24 * 3600 / opts["tick_s"]) + 1

@@ -12,16 +12,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from anomaly.failure_prior import titan_csv
 from anomaly.models import ModelKind
 from anomaly.registry import do_promote_version, do_register_version
 from anomaly.survival import NEW_BATCH_AFTER, lifetimes_from_records, read_records, survival_report
-
-
-def default_csv() -> Path:
-    return Path(settings.BASE_DIR).parent / "shared" / "data" / "traces" / "titan-gpu-failures" / "gc_full.csv"
 
 
 class Command(BaseCommand):
@@ -38,7 +34,7 @@ class Command(BaseCommand):
                             help="Promote even if the holdout concordance is below the active version's")
 
     def handle(self, *args, csv: Path | None, holdout_fraction: float, points: int, force: bool, **options):
-        path = csv or default_csv()
+        path = csv or titan_csv()
         if not path.is_file():
             raise CommandError(f"{path}: no such file. Pass --csv PATH to the Titan gc_full.csv "
                                "(olcf/TitanGPULife data/gc_full.csv).")
