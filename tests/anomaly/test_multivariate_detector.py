@@ -11,7 +11,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import check_estimator
 
-from anomaly.detectors.multivariate import RobustMultivariateDetector, learned_threshold, pot_threshold
+from anomaly.detectors.multivariate import RobustMultivariateDetector, learned_threshold, nan_quantiles, pot_threshold
 
 INJECTED_FEATURE = 3
 INJECTED_ROWS = slice(300, 310)
@@ -277,6 +277,19 @@ def test_anomalies_in_training_rows_do_not_hide_a_larger_one(contaminate, train)
     flags = RobustMultivariateDetector().fit(dirty).predict(rows)
     assert flags[INJECTED_ROWS].all()
     assert flags[_outside(600, INJECTED_ROWS)].mean() < 0.01
+
+
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.99, 0.999])
+def test_nan_quantiles_equal_numpys_nan_aware_lower_quantiles(q):
+    rng = np.random.default_rng(12)
+    a = rng.normal(size=(40, 97, 5))
+    a[rng.random(a.shape) < 0.3] = np.nan
+    a[3, :, 2] = np.nan  # nothing finite: NaN
+    a[4, :96, 1] = np.nan  # one finite value
+    a[5, :95, 0] = np.nan  # two: the median is their mean
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        expected = np.nanmedian(a, axis=1) if q == 0.5 else np.nanquantile(a, q, axis=1, method="lower")
+    np.testing.assert_array_equal(nan_quantiles(a, (q,), axis=1)[0], expected)
 
 
 def test_pair_never_seen_together_is_flagged_by_its_density():
