@@ -15,10 +15,12 @@ All in one transaction, so a reader never sees an event closed without its repla
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from datetime import datetime
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.models import Q
 
@@ -27,8 +29,10 @@ from anomaly.findings import Finding
 from anomaly.models import Anomaly, AnomalyKind, EntityScore
 
 logger = logging.getLogger(__name__)
-EVENT_FIELDS = ["kind", "entity_kind", "entity_id", "host", "last_seen", "last_score", "score", "summary",
-                "contributions", "members", "member_count", "model_version"]
+# What a pass rewrites on an event it extends, with each column's SQL type (see _update_events).
+EVENT_COLUMNS = {"kind": "text", "entity_kind": "text", "entity_id": "text", "host": "text", "last_seen": "timestamptz",
+                 "last_score": "float8", "score": "float8", "summary": "text", "contributions": "jsonb",
+                 "members": "jsonb", "member_count": "int", "model_version_id": "bigint"}
 
 
 def do_record_findings(findings: Iterable[Finding], *, kinds: Iterable[str], at: datetime,
@@ -51,7 +55,7 @@ def do_record_findings(findings: Iterable[Finding], *, kinds: Iterable[str], at:
         new, touched = _assign([f for f in found.values() if grouping.evident(f)], open_rows, at, model_version)
         changed = [a for a in touched.values() if a.pk is not None]
         Anomaly.objects.bulk_create(new, batch_size=500)
-        Anomaly.objects.bulk_update(changed, EVENT_FIELDS, batch_size=500)
+        _update_events(changed)
         closed = _close([a for a in open_rows if id(a) not in touched], kinds, at)
         if AnomalyKind.FAILURE_RISK not in kinds:  # the risk pass keeps its own column (do_store_risks)
             _store_scores(found, kinds, at)
@@ -92,6 +96,20 @@ def _assign(found: list[Finding], open_rows: list[Anomaly], at: datetime,
         for k in keys:
             by_entity.setdefault(k, a)
     return new, touched
+
+
+def _update_events(rows: list[Anomaly]) -> None:
+    """Write EVENT_COLUMNS of every event in `rows` with one UPDATE from a JSON record set. Django's
+    bulk_update builds a CASE of one WHEN per row for each field: ~10 ms of expression building per
+    event, 0.3 s of a 16k-GPU pass that extends 27 events."""
+    if not rows:
+        return
+    payload = [{"id": a.pk, **{c: getattr(a, c) for c in EVENT_COLUMNS}} for a in rows]
+    sets = ", ".join(f"{c} = x.{c}" for c in EVENT_COLUMNS)
+    spec = ", ".join(f"{c} {t}" for c, t in {"id": "bigint", **EVENT_COLUMNS}.items())
+    with connection.cursor() as cur:
+        cur.execute(f"UPDATE {Anomaly._meta.db_table} a SET {sets} FROM jsonb_to_recordset(%s::jsonb) AS x({spec}) "
+                    "WHERE a.id = x.id", [json.dumps(payload, cls=DjangoJSONEncoder)])
 
 
 def _worst_moment(a: Anomaly, f: Finding) -> None:

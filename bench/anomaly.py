@@ -12,9 +12,13 @@ Measures, on one core (BLAS/OpenMP pools limited to one thread, CPU time of this
   and reported, not part of the target.
 - Baseline, same matrix, same run: the obvious implementation of the peer comparison alone, one
   NumPy median per GPU over its peers (a loop over GPUs), timed on a slice and scaled to the fleet.
-- With `--db` (default on): the whole `score_fleet()` against a scratch TimescaleDB filled by the
-  simulator (topology + two ticks through the real ingest API, rolled up), so the feature reads
-  are counted too; printed per part, not part of the target.
+- score_fleet_s: the whole `score_fleet()` (reads, features, detectors, writes of events and scores)
+  against a scratch TimescaleDB filled by the simulator (topology: 16,384 GPUs, 49k switch ports;
+  two ticks through the real ingest API, rolled up); the best of the passes after the first (the
+  first loads the inventories and fits what history there is). Target ≤ 1 s wall. What it leaves
+  out: two ticks are no history, so no own-history model has enough rows to score and no cohort
+  model is trained; the refit groups a live scorer spreads over its passes are not in it either
+  (refit_s above times a whole refit). `--no-db` skips it and judges score_s alone.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ def naive_peer_seconds(m, slice_n: int = 2048) -> float:
     return (time.process_time() - t) * len(m) / slice_n
 
 
-def db_pass(gpus: int, keep: bool = False) -> None:
+def db_pass(gpus: int, keep: bool = False) -> float:
     """score_fleet end to end on a scratch database filled by the simulator through ingest."""
     import subprocess
     from datetime import timedelta
@@ -130,10 +134,13 @@ def db_pass(gpus: int, keep: bool = False) -> None:
         now = timezone.now()
         run_rollups(now + timedelta(minutes=2))
         at = (now + timedelta(minutes=2)).replace(second=0, microsecond=0)
-        for i in range(3):
+        walls = []
+        for i in range(4):
             out = score_fleet(at)
+            walls.append(out["ms"] / 1000)
             say(f"score_fleet pass {i + 1}: {out['ms']:.0f} ms wall, parts {out['timings']}, "
                 f"{out['findings']} findings")
+        return min(walls[1:])
     finally:
         from django.db import connections
 
@@ -186,10 +193,11 @@ def main() -> None:
                                                          for k, v in sorted(by_kind.items())))
         naive = naive_peer_seconds(m)
         say(f"baseline (per-GPU loop, peer comparison alone): {naive:.2f} s CPU for {args.gpus:,} GPUs")
-    if not args.no_db:
-        db_pass(args.gpus, keep=args.keep_db)
+    fleet_s = None if args.no_db else db_pass(args.gpus, keep=args.keep_db)
     best = min(times)
-    result("anomaly", "score_s", best, TARGET_S, best <= TARGET_S and len(hit) == 3,
+    passed = best <= TARGET_S and len(hit) == 3 and (fleet_s is None or fleet_s <= TARGET_S)
+    result("anomaly", "score_s", best, TARGET_S, passed,
+           score_fleet_s="skipped" if fleet_s is None else f"{fleet_s:.2f}",
            baseline_peer_loop_s=f"{naive:.2f}", planted_found=f"{len(hit)}/3", refit_s=f"{refit:.1f}")
 
 

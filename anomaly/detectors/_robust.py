@@ -19,6 +19,25 @@ def group_index(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return order, starts, inverse
 
 
+def nan_quantiles(a: np.ndarray, qs: tuple[float, ...], axis: int) -> list[np.ndarray]:
+    """Per `axis`, the 'lower' quantile of the finite values for each q in `qs` (q = 0.5 gives the
+    median, the mean of the two middle values, as np.nanmedian does); NaN where none is finite. One
+    sort for all of them: numpy's nan-aware quantiles run one 1-D slice at a time, which for a fleet
+    (16k entities × metrics, or × rows × metrics for trailing windows) is seconds instead of ms."""
+    a = np.sort(np.moveaxis(a, axis, -1), axis=-1)  # NaN sorts last
+    count = np.isfinite(a).sum(axis=-1)
+    last = np.maximum(count - 1, 0)
+    pick = lambda i: np.take_along_axis(a, i[..., None], axis=-1)[..., 0]  # noqa: E731
+    out = []
+    for q in qs:
+        if q == 0.5:
+            value = (pick(last // 2) + pick(np.minimum(count // 2, last))) / 2
+        else:
+            value = pick(np.floor(q * last).astype(int))
+        out.append(np.where(count > 0, value, np.nan))
+    return out
+
+
 def grouped_median_mad(X: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row: its group's median and MAD-σ of each column (NaNs ignored), and the group's size.
 
@@ -35,8 +54,8 @@ def grouped_median_mad(X: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, n
         idx = starts[gids][:, None] + np.arange(size)[None, :]
         block = Xs[idx]  # (groups, size, features)
         with np.errstate(all="ignore"), _quiet():
-            m = np.nanmedian(block, axis=1)
-            d = np.nanmedian(np.abs(block - m[:, None, :]), axis=1) * MAD_TO_SIGMA
+            m = nan_quantiles(block, (0.5,), axis=1)[0]
+            d = nan_quantiles(np.abs(block - m[:, None, :]), (0.5,), axis=1)[0] * MAD_TO_SIGMA
         med[gids], mad[gids] = m, d
     return med[inverse], mad[inverse], counts[inverse]
 

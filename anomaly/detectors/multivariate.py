@@ -34,7 +34,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from anomaly.detectors._robust import MAD_TO_SIGMA, _quiet
+from anomaly.detectors._robust import MAD_TO_SIGMA, _quiet, nan_quantiles
 
 MIN_EXCEEDANCES = 10  # fewer tail points than this cannot fit a Pareto tail; use the training max
 # |z| of a normal variable at its 99.9th percentile of |deviation|: turns a tail scale back into σ
@@ -98,25 +98,6 @@ def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
     idx = np.arange(values.size)
     lo = np.maximum(0, idx - window + 1)
     return (sums[idx + 1] - sums[lo]) / (idx + 1 - lo)
-
-
-def nan_quantiles(a: np.ndarray, qs: tuple[float, ...], axis: int) -> list[np.ndarray]:
-    """Per `axis`, the 'lower' quantile of the finite values for each q in `qs` (q = 0.5 gives the
-    median, the mean of the two middle values, as np.nanmedian does); NaN where none is finite. One
-    sort for all of them: numpy's nan-aware quantiles run one 1-D slice at a time, which for a fleet
-    (16k entities × metrics, or × rows × metrics for trailing windows) is seconds instead of ms."""
-    a = np.sort(np.moveaxis(a, axis, -1), axis=-1)  # NaN sorts last
-    count = np.isfinite(a).sum(axis=-1)
-    last = np.maximum(count - 1, 0)
-    pick = lambda i: np.take_along_axis(a, i[..., None], axis=-1)[..., 0]  # noqa: E731
-    out = []
-    for q in qs:
-        if q == 0.5:
-            value = (pick(last // 2) + pick(np.minimum(count // 2, last))) / 2
-        else:
-            value = pick(np.floor(q * last).astype(int))
-        out.append(np.where(count > 0, value, np.nan))
-    return out
 
 
 def _median_last_axis(a: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from telemetry.ingest.schema import (
     BatchError,
     Frame,
     TimeParser,
+    column_identity_clean,
     identity_problem,
     storable_text_problem,
     value_problem,
@@ -58,7 +59,7 @@ def _ident_columns(kind: str, cols: dict, n: int, where: str) -> dict[str, list]
         if typ is str and key in required and not all(map(str.strip, col)):
             bad = next(i for i, v in enumerate(col) if not v.strip())
             raise BatchError(f"{where}.{key}[{bad}]", "must not be empty")
-        for i, v in enumerate(col):
+        for i, v in enumerate(() if column_identity_clean(key, col) else col):
             problem = None if v is None else identity_problem(key, v)
             if problem:
                 raise BatchError(f"{where}.{key}[{i}]", problem)

@@ -230,6 +230,24 @@ def identity_problem(key: str, value: str | int) -> str | None:
     return None
 
 
+def column_identity_clean(key: str, values: list) -> bool:
+    """True when `identity_problem` has nothing to say about any value of a column (None skipped), by a
+    few C-level passes over the whole column; False means "look value by value" (to name the first bad
+    one), not that one is bad. A 1,024-GPU frame has four identity columns: one check per value costs
+    ~10 ms of the ingest worker's CPU a frame, this ~0.3 ms."""
+    present = [v for v in values if v is not None] if None in values else values
+    if not present:
+        return True
+    try:  # a mixed column raises TypeError in join() or min(): look value by value
+        if type(present[0]) is str:
+            joined = "".join(present)
+            return (max(map(len, present)) <= IDENTITY_LENGTHS.get(key, 253) and "\x00" not in joined
+                    and joined.isascii())
+        return IDENTITY_INT_RANGE[0] <= min(present) and max(present) <= IDENTITY_INT_RANGE[1]
+    except TypeError:
+        return False
+
+
 def _check_identity_value(key: str, value: str | int, where: str) -> None:
     problem = identity_problem(key, value)
     if problem:

@@ -118,3 +118,21 @@ def test_a_finding_that_names_no_metric_beyond_the_threshold_opens_no_event_but_
     counts = do_record_findings([vague, clear], kinds={AnomalyKind.COHORT}, at=AT)
     assert counts["opened"] == 1 and Anomaly.objects.get().entity_id == GPU_1
     assert EntityScore.objects.get(entity_kind="gpu", entity_id=GPU_0).anomaly_score == 0.6
+
+
+def test_an_extended_event_is_rewritten_column_by_column_with_its_stronger_finding():
+    """The events a pass extends are written by one UPDATE from a JSON record set: every column of the
+    stronger finding lands exactly (text, time, float to the last bit, JSON members and contributions)."""
+    do_record_findings([_finding(AnomalyKind.BASELINE, "gpu", GPU_0, score=0.7)], kinds=FLEET, at=AT)
+    stronger = _finding(AnomalyKind.BASELINE, "gpu", GPU_0, score=0.8123456789012345, field="memory_temp")
+    other = _finding(AnomalyKind.BASELINE, "gpu", GPU_1, score=0.75, field="power_w")
+    assert do_record_findings([stronger, other], kinds=FLEET, at=AT + 3 * MIN) == {
+        "opened": 0, "extended": 1, "closed": 0}
+    [event] = Anomaly.objects.all()
+    assert (event.kind, event.entity_kind, event.entity_id, event.host) == (AnomalyKind.BASELINE, "gpu", GPU_0, HOST)
+    assert (event.last_seen, event.started_at) == (AT + 3 * MIN, AT)
+    assert event.score == event.last_score == 0.8123456789012345
+    assert event.summary == stronger.text()
+    assert event.contributions == [c.as_dict() for c in stronger.contributions]
+    assert event.member_count == 2 and {m["entity_id"] for m in event.members} == {GPU_0, GPU_1}
+    assert [m["signals"] for m in event.members if m["entity_id"] == GPU_1] == [[["power_w", 6.75]]]

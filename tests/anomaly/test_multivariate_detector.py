@@ -11,7 +11,8 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import check_estimator
 
-from anomaly.detectors.multivariate import RobustMultivariateDetector, learned_threshold, nan_quantiles, pot_threshold
+from anomaly.detectors._robust import nan_quantiles
+from anomaly.detectors.multivariate import RobustMultivariateDetector, learned_threshold, pot_threshold
 
 INJECTED_FEATURE = 3
 INJECTED_ROWS = slice(300, 310)

@@ -101,3 +101,25 @@ def test_decode_reads_a_copy_to_stream_into_columns_and_refuses_nulls():
     with pytest.raises(ValueError):
         copybin.decode(["int4", "int8", "float8"], payload[:-2])
     assert [len(c) for c in copybin.decode(["int4"], copybin.HEADER + copybin.TRAILER)] == [0]
+
+
+def test_decode_array_reads_array_send_of_postgresql_itself_and_refuses_what_it_cannot():
+    import numpy as np
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT array_send(ARRAY[1.5, -0.0, 1e-300, 'NaN', 'Infinity']::float8[]), "
+                    "array_send(ARRAY[-9223372036854775808, 0, 9223372036854775807]::int8[]), "
+                    "(SELECT array_send(array_agg(x)) FROM (SELECT 1.0::float8 AS x WHERE false) none_), "
+                    "array_send('{}'::float8[]), array_send(ARRAY[1.0, NULL]::float8[]), "
+                    "array_send(ARRAY[[1.0, 2.0]]::float8[]), array_send(ARRAY[1, 2]::int4[])")
+        floats, ints, nothing, empty, with_null, two_dims, int4s = cur.fetchone()
+    got = copybin.decode_array(floats, "float8")
+    np.testing.assert_array_equal(got, [1.5, -0.0, 1e-300, np.nan, np.inf])
+    assert copybin.decode_array(ints, "int8").tolist() == [-(2**63), 0, 2**63 - 1]
+    assert copybin.decode_array(nothing, "float8").size == 0 and copybin.decode_array(empty, "float8").size == 0
+    with pytest.raises(ValueError, match="NULL"):
+        copybin.decode_array(with_null, "float8")
+    with pytest.raises(ValueError, match="2-dimensional"):
+        copybin.decode_array(two_dims, "float8")
+    with pytest.raises(ValueError, match="not int8"):
+        copybin.decode_array(int4s, "int8")

@@ -254,6 +254,37 @@ def test_columnar_future_rows_rejected(post):
     assert _count("telemetry_gpu_sample") == 1
 
 
+@pytest.mark.parametrize(("column", "bad"), [
+    ("uuid", "GPU-" + "x" * 300), ("uuid", "GPU-\x00nul"), ("uuid", "GPU-\ud800"), ("host", "h" * 300),
+    ("index", 40000), ("index", -1),
+])
+def test_columnar_identity_problem_names_its_row_in_a_large_frame(post, column, bad):
+    """Identity columns are checked as whole columns first; a bad value deep in a 1,024-row frame is
+    still named by its row, and nothing of the frame is written."""
+    cols = _columns(1024, gpu_util=[1.0] * 1024)
+    cols[column][700] = bad
+    resp = post({"gpus": cols})
+    assert resp.status_code == 400, resp.content
+    assert resp.json()["error"]["where"] == f"$.gpus.{column}[700]"
+    assert _count("telemetry_gpu_sample") == 0
+
+
+def test_column_identity_clean_agrees_with_the_per_value_check():
+    from telemetry.ingest.schema import column_identity_clean, identity_problem
+
+    columns = [("uuid", ["GPU-a", "GPU-b"]), ("uuid", ["GPU-é", "GPU-b"]), ("uuid", ["GPU-\ud800"]),
+               ("uuid", ["a" * 254]), ("host", ["n1", None, "n2"]), ("host", [None, None]), ("index", [0, 7, 32767]),
+               ("index", [0, 32768]), ("index", [-1]), ("index", [1, "2"]), ("uuid", ["x\x00"])]
+    verdicts = []
+    for key, col in columns:
+        per_value = all(identity_problem(key, v) is None for v in col if v is not None)
+        clean = column_identity_clean(key, col)
+        assert per_value or not clean, (key, col)  # "clean" never hides a problem
+        verdicts.append(clean)
+    # clean columns pass without a look at each value; the others are looked at value by value
+    assert verdicts == [True, False, False, False, True, True, True, False, False, False, False]
+
+
 def test_columnar_ports_name_a_host_or_a_switch_per_row(post):
     """A rack's HCA ports and its switches' ports may share one frame: each row names one owner."""
     ports = {"host": ["ib-host-1", None, "ib-host-1"], "switch": [None, "no-such-leaf", None],
