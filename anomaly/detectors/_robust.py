@@ -19,11 +19,12 @@ def group_index(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return order, starts, inverse
 
 
-def nan_quantiles(a: np.ndarray, qs: tuple[float, ...], axis: int) -> list[np.ndarray]:
+def nan_quantiles(a: np.ndarray, qs: tuple[float, ...], axis: int, *, linear: bool = False) -> list[np.ndarray]:
     """Per `axis`, the 'lower' quantile of the finite values for each q in `qs` (q = 0.5 gives the
-    median, the mean of the two middle values, as np.nanmedian does); NaN where none is finite. One
-    sort for all of them: numpy's nan-aware quantiles run one 1-D slice at a time, which for a fleet
-    (16k entities × metrics, or × rows × metrics for trailing windows) is seconds instead of ms."""
+    median, the mean of the two middle values, as np.nanmedian does), or with `linear` numpy's default
+    interpolation between the two nearest; NaN where none is finite. One sort for all of them:
+    numpy's nan-aware quantiles run one 1-D slice at a time, which for a fleet (16k entities ×
+    metrics, or × rows × metrics for trailing windows) is seconds instead of ms."""
     a = np.sort(np.moveaxis(a, axis, -1), axis=-1)  # NaN sorts last
     count = np.isfinite(a).sum(axis=-1)
     last = np.maximum(count - 1, 0)
@@ -32,6 +33,12 @@ def nan_quantiles(a: np.ndarray, qs: tuple[float, ...], axis: int) -> list[np.nd
     for q in qs:
         if q == 0.5:
             value = (pick(last // 2) + pick(np.minimum(count // 2, last))) / 2
+        elif linear:
+            h = q * last
+            lo = np.floor(h).astype(int)
+            below, above, t = pick(lo), pick(np.minimum(lo + 1, last)), h - lo
+            step = above - below
+            value = np.where(t >= 0.5, above - step * (1 - t), below + step * t)  # numpy's _lerp
         else:
             value = pick(np.floor(q * last).astype(int))
         out.append(np.where(count > 0, value, np.nan))
