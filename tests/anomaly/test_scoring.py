@@ -170,17 +170,32 @@ def test_own_history_reads_each_window_like_the_pass_reads_its_own():
     assert H[1, -1, temp] == 65.0 and np.isnan(H[2]).all()  # a GPU with no rows: all NaN
 
 
-def test_a_streamed_copy_decodes_the_same_rows_whatever_its_block_size():
-    from anomaly.features import _copy_columns
+def test_read_columns_returns_aligned_columns_and_nothing_for_no_rows():
+    from anomaly.features import _read_columns
 
     sql = "SELECT g::int4, (g * 2)::int4, (g / 3.0)::float4 FROM generate_series(1, %(n)s) g"
-    whole = [np.concatenate(c) for c in zip(*_copy_columns(sql, {"n": 1000}, ["int4", "int4", "float4"]), strict=True)]
-    blocks = list(_copy_columns(sql, {"n": 1000}, ["int4", "int4", "float4"], block=100))
-    assert len(blocks) > 100  # 26-byte rows, ~100-byte blocks
-    pieces = [np.concatenate(c) for c in zip(*blocks, strict=True)]
-    assert whole[0].tolist() == pieces[0].tolist() == list(range(1, 1001))
-    assert np.array_equal(whole[2], pieces[2]) and whole[2][2] == np.float32(1.0)
-    assert [len(c) for c in next(_copy_columns(sql, {"n": 0}, ["int4", "int4", "float4"]))] == [0, 0, 0]
+    ids, doubled, thirds = _read_columns(sql, {"n": 1000}, ["int4", "int4", "float4"])
+    order = np.argsort(ids)
+    assert ids[order].tolist() == list(range(1, 1001))
+    assert (doubled == 2 * ids).all() and np.array_equal(thirds, (ids / 3.0).astype(np.float32))
+    assert [len(c) for c in _read_columns(sql, {"n": 0}, ["int4", "int4", "float4"])] == [0, 0, 0]
+    with pytest.raises(ValueError, match="NULL"):
+        _read_columns("SELECT NULL::int4 FROM generate_series(1, 2)", {}, ["int4"])
+
+
+def test_history_read_in_chunks_of_entities_equals_one_read(fleet, monkeypatch):
+    from anomaly import features as F
+
+    buckets = history_buckets(AT)
+    windows = [buckets[2 * k] for k in range(len(buckets) // 2)]  # the first bucket of each history window
+    insert_rollup("gpu", "1m", [(g.id, windows[(7 * k + j) % len(windows)], {"memory_temp_avg": 50.0 + k + j})
+                                for k, g in enumerate(fleet) for j in range(5)])
+    ids = np.array(sorted(g.id for g in fleet))
+    whole = F.own_history("gpu", AT, ids, F.OWN_GPU_FEATURES)
+    monkeypatch.setattr(F, "HISTORY_CHUNK", 3)
+    chunked = F.own_history("gpu", AT, ids, F.OWN_GPU_FEATURES)
+    assert np.isfinite(whole).sum() == 16 * 5  # five windows of one metric per GPU
+    np.testing.assert_array_equal(whole, chunked)
 
 
 def test_job_history_marks_the_windows_a_job_held_and_the_one_it_started_in(fleet):
