@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from telemetry.simulator.jobs import PENDING, RUNNING, TRAINING_KINDS, Job
 
-if TYPE_CHECKING:
-    from telemetry.simulator.dynamics import Cluster
+
+class Cluster(Protocol):
+    """The simulated cluster (telemetry.simulator.dynamics.Cluster), named for type hints only:
+    dynamics imports this module, so importing it back, even under TYPE_CHECKING, would make
+    the two a circle."""
 
 STEP_JITTER = 0.015  # relative standard deviation of the gang's step time, step to step
 COMPUTE_JITTER = 0.015  # relative standard deviation of one rank's compute time

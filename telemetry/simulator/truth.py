@@ -29,12 +29,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from telemetry.simulator.topology import RACK_POWER_CAP_W
 
-if TYPE_CHECKING:
-    from telemetry.simulator.dynamics import Cluster, Tick
+
+class Cluster(Protocol):
+    """The simulated cluster (telemetry.simulator.dynamics.Cluster), named for type hints only:
+    dynamics imports this module, so importing it back, even under TYPE_CHECKING, would make
+    the two a circle."""
+
+
+class Tick(Protocol):
+    """One step of the simulated cluster (telemetry.simulator.dynamics.Tick); see Cluster."""
 
 # Signal families: the telemetry fields (and detector features) a kind of fault shows in.
 SIGNALS: dict[str, tuple[str, ...]] = {
