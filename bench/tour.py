@@ -196,7 +196,9 @@ def pairs_for(fault: Fault) -> list[Pair]:
     if job:
         key, account = job
         pairs += [Pair(name, "job", f"/jobs/{key}/", [host, uuid], own=True),
-                  Pair(name, "jobs", "/jobs/", [key.split(":")[1]])]
+                  # The list holds 50 jobs a page, and a job its node's failure ended sorts among the
+                  # ended ones: an operator looks it up, as here, by its key in the list's search.
+                  Pair(name, "jobs", f"/jobs/?q={key}", [key.split(":")[1]])]
         if (login := tenant_login(account)) is not None:
             slug, user = login
             pairs.append(Pair(name, "portal-health", f"/portal/{slug}/health/", [uuid, host], user=user))

@@ -35,6 +35,9 @@ def _field(label: str, control, for_id: str) -> html.Div:
 jobs_app = DjangoDash("jobs", serve_locally=True)
 
 jobs_app.layout = html.Div(className="bw-dash bw-jobs", children=[
+    # The filters live in the address too (/jobs/?q=slurm:1234&state=running), so a filtered list can be
+    # linked and reloaded: jobs.js reads them into the controls and writes them back as they change.
+    dcc.Location(id="jobs-url", refresh=False),
     html.Div(className="bw-toolbar bw-filters", role="search", children=[
         _field("State", dcc.Dropdown(id="jobs-state", placeholder="Any state", className="bw-dropdown-sm",
                                      options=[{"label": s.label, "value": s.value} for s in JobState]),
@@ -68,6 +71,8 @@ def list_query(query: dict | None) -> dict:
     """The filters and offset of a `jobs-query`, cleaned; unknown keys are dropped."""
     query = query or {}
     out = {name: (query.get(name) or "").strip() if isinstance(query.get(name), str) else "" for name in LIST_FILTERS}
+    if out["state"] not in JobState.values:  # an address edited by hand: any state, not no jobs at all
+        out["state"] = ""
     try:
         out["offset"] = max(0, int(query.get("offset") or 0))
     except (TypeError, ValueError):
@@ -95,6 +100,17 @@ def load_jobs(query):
             [{"label": p, "value": p} for p in filters["partitions"]])
 
 
+jobs_app.clientside_callback(
+    ClientsideFunction(namespace="breakwater", function_name="jobsFromUrl"),
+    Output("jobs-state", "value"),
+    Output("jobs-account", "value"),
+    Output("jobs-user", "value"),
+    Output("jobs-partition", "value"),
+    Output("jobs-q", "value"),
+    # After the first page arrives, not before: a dropdown drops a value its options do not hold yet.
+    Input("jobs-data", "data"),
+    State("jobs-url", "search"),
+)
 jobs_app.clientside_callback(
     ClientsideFunction(namespace="breakwater", function_name="jobsQuery"),
     Output("jobs-query", "data"),

@@ -113,6 +113,16 @@ def test_job_list_and_job_page_follow_the_apis_live(asgi_server, browser_page):
     page.wait_for_function("document.querySelectorAll('#jobs-table tr[data-key]').length === 1", timeout=10_000)
     assert page.get_attribute("#jobs-table tr[data-key] a", "href") == "/jobs/slurm%3A501/"
     save_screenshot(page, "jobs-filtered")
+    # The filters are in the address, so the filtered list can be linked and reloaded.
+    assert page.evaluate("location.search") == "?user=bob"
+    page.goto(f"{asgi_server.url}/jobs/?q=slurm:500&account=ml&state=running&bogus=1")
+    page.wait_for_function("document.querySelectorAll('#jobs-table tr[data-key]').length === 1", timeout=15_000)
+    assert page.get_attribute("#jobs-table tr[data-key]", "data-key") == "slurm:500"
+    assert page.input_value("#jobs-q") == "slurm:500"
+    assert "ml" in page.text_content("#jobs-account") and "Running" in page.text_content("#jobs-state")
+    assert page.evaluate("location.search") == "?state=running&account=ml&q=slurm%3A500"
+    page.goto(f"{asgi_server.url}/jobs/?state=no-such-state")  # a hand-edited state: every job, not none
+    page.wait_for_function("document.querySelectorAll('#jobs-table tr[data-key]').length === 2", timeout=15_000)
 
     page.goto(f"{asgi_server.url}/jobs/slurm:500/")
     page.wait_for_function("window.BW && BW.jobStats && BW.jobStats.renderedAt !== null", timeout=15_000)

@@ -192,6 +192,15 @@
     return true;
   }
 
+  var FILTERS = ["state", "account", "user", "partition", "q"];
+
+  /* The list filters named in an address's query string; anything else is ignored. */
+  function urlFilters(search) {
+    var params = new URLSearchParams(search || ""), out = {};
+    FILTERS.forEach(function (k) { var v = (params.get(k) || "").trim(); if (v) out[k] = v; });
+    return out;
+  }
+
   function subscription() {
     var q = st.query || {};
     return { subscribe: "list", sub: st.sub, state: q.state || "", account: q.account || "", user: q.user || "",
@@ -216,13 +225,35 @@
 
   var dc = (window.dash_clientside = window.dash_clientside || {});
   dc.breakwater = Object.assign(dc.breakwater || {}, {
+    /* The address's filters into the controls (a linked or reloaded /jobs/?q=…), once, when the first
+       page (read with those filters already) has filled the dropdowns' choices. */
+    jobsFromUrl: function (data, search) {
+      var nu = window.dash_clientside.no_update;
+      if (!data || st.urlApplied) return [nu, nu, nu, nu, nu];
+      st.urlApplied = true;
+      var f = urlFilters(search);
+      return [f.state || null, f.account || null, f.user || "", f.partition || null, f.q || ""];
+    },
+
     jobsQuery: function (state, account, user, partition, q, _prev, _next, current) {
       var which = triggered(), offset = current ? current.offset || 0 : 0;
       if (which.indexOf("jobs-prev") >= 0) offset = Math.max(0, offset - st.limit);
       else if (which.indexOf("jobs-next") >= 0) offset = offset + st.limit;
       else offset = 0;  // a filter changed: back to the first page
-      return { state: state || "", account: account || "", user: user || "", partition: partition || "",
-               q: q || "", offset: offset };
+      var query = { state: state || "", account: account || "", user: user || "", partition: partition || "",
+                    q: q || "", offset: offset };
+      // The first query, before the controls hold the address's filters, already asks for them, so
+      // a linked list is read once, not first unfiltered.
+      if (!current) Object.assign(query, urlFilters(location.search));
+      if (current && FILTERS.every(function (k) { return (current[k] || "") === query[k]; }) &&
+          (current.offset || 0) === offset) {
+        return window.dash_clientside.no_update;  // the controls caught up with the address: nothing new
+      }
+      var params = new URLSearchParams();
+      FILTERS.forEach(function (k) { if (query[k]) params.set(k, query[k]); });
+      var search = params.toString() ? "?" + params.toString() : "";
+      if (search !== location.search) history.replaceState(history.state, "", location.pathname + search);
+      return query;
     },
 
     jobsRender: function (data, _live, _clock) {
