@@ -83,16 +83,19 @@ def _channels(receiver_url: str, secret: str) -> tuple[Channel, Channel]:
     return page, escalation
 
 
+# Critical faults page at once: a GPU that fell off the bus stalls a whole gang job every second.
+CRITICAL_GROUP_WAIT_S = 0
+
+
 def _routes(page: Channel | None, escalation: Channel | None) -> None:
     root, created = Route.objects.get_or_create(
         name="default", parent=None,
         defaults={"group_by": ["alertname", "node"], "group_wait_s": 30, "group_interval_s": 300,
                   "repeat_interval_s": 4 * 3600})
-    # Critical faults page at once: a GPU that fell off the bus stalls a whole gang job every second.
     critical, c_created = Route.objects.get_or_create(
         name="critical-page", parent=root,
         defaults={"position": 0, "matchers": [{"name": "severity", "op": "=", "value": "critical"}],
-                  "group_by": ["alertname", "node"], "group_wait_s": 0, "group_interval_s": 60,
+                  "group_by": ["alertname", "node"], "group_wait_s": CRITICAL_GROUP_WAIT_S, "group_interval_s": 60,
                   "repeat_interval_s": 3600, "escalate_after_s": 900})
     if page and created:
         root.channels.add(page)

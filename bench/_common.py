@@ -89,6 +89,37 @@ def daphne_server(database_url: str, extra_env: dict | None = None):
         server.stop()
 
 
+def simulate_once(server: str, gpus: int) -> None:
+    """The simulator's topology and one tick of telemetry for `gpus` GPUs, through the real ingest API."""
+    from telemetry.actions import do_create_collector_token
+
+    token = do_create_collector_token("bench-simulator-fill", replace=True)
+    say(f"simulating {gpus:,} GPUs (topology import + one tick)")
+    subprocess.run(procs.simulator_argv(server, "--token", token, "--gpus", str(gpus), "--once"),
+                   cwd=REPO, env=os.environ, check=True)
+
+
+@contextmanager
+def simulator_ticking(server: str, gpus: int, interval: float = 10.0):
+    """The simulator ticking the whole fleet every `interval` s through `server`, as a live site runs, for
+    the body of the `with` (its first tick is in when the body starts). Needs `simulate_once` first."""
+    from telemetry.actions import do_create_collector_token
+
+    token = do_create_collector_token("bench-simulator-live", replace=True)
+    say(f"simulator ticking {gpus:,} GPUs every {interval:g} s beside the measurement")
+    live = subprocess.Popen(procs.simulator_argv(server, "--token", token, "--gpus", str(gpus),
+                                                 "--interval", f"{interval:g}"),
+                            cwd=REPO, env=os.environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(interval + 2)  # its first tick is in
+        if live.poll() is not None:
+            raise RuntimeError(f"the simulator beside the bench exited with {live.returncode}")
+        yield live
+    finally:
+        live.terminate()
+        live.wait(timeout=30)
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -26,22 +26,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import time
 import urllib.request
+from contextlib import ExitStack
 from datetime import UTC, datetime
 
 from _common import (
-    REPO,
     daphne_server,
     drop_database,
     median,
-    procs,
     recreate_database,
     say,
     scratch_database_url,
     setup_django,
+    simulate_once,
+    simulator_ticking,
 )
 
 CHROMIUM_ARGS = [
@@ -57,17 +56,6 @@ MARKER_C = 150.0  # pushed temperatures start here: no simulated GPU runs this h
 RENDERED = "window.BW && BW.heatmapStats && BW.heatmapStats.renderedAt !== null"
 
 
-def fill(server: str, gpus: int) -> None:
-    """Topology and one tick of telemetry from the simulator, through the real ingest API."""
-    from django.contrib.auth import get_user_model
-
-    from telemetry.actions import do_create_collector_token
-
-    token = do_create_collector_token("bench-heatmap", replace=True)
-    say(f"simulating {gpus:,} GPUs (topology import + one tick)")
-    subprocess.run(procs.simulator_argv(server, "--token", token, "--gpus", str(gpus), "--once"),
-                   cwd=REPO, env=os.environ, check=True)
-    get_user_model().objects.create_superuser("bench", "bench@example.com", PASSWORD)
 
 
 def push_all(server: str, token: str, hosts: list[str], uuids: list[str], temp: float) -> float:
@@ -101,24 +89,21 @@ def main() -> None:
     url = scratch_database_url("heatmap")
     recreate_database(url)
     setup_django(url)
+    from django.contrib.auth import get_user_model
     from playwright.sync_api import sync_playwright
 
     from telemetry.actions import do_create_collector_token
     from telemetry.models import Gpu
 
     try:
-        with daphne_server(url) as server:
-            fill(server, args.gpus)
+        with daphne_server(url) as server, ExitStack() as beside:
+            simulate_once(server, args.gpus)
+            get_user_model().objects.create_superuser("bench", "bench@example.com", PASSWORD)
             rows = list(Gpu.objects.select_related("node").order_by("id").values_list("node__hostname", "uuid"))
             hosts, uuids = [h for h, _ in rows], [u for _, u in rows]
             token = do_create_collector_token("bench-heatmap-push", replace=True)
             if args.beside:
-                sim_token = do_create_collector_token("bench-heatmap-live", replace=True)
-                say(f"simulator ticking {args.gpus:,} GPUs every 10 s beside the page")
-                live = subprocess.Popen(procs.simulator_argv(server, "--token", sim_token, "--gpus", str(args.gpus),
-                                                             "--interval", "10"), cwd=REPO, env=os.environ,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                time.sleep(12)  # its first tick is in
+                beside.enter_context(simulator_ticking(server, args.gpus))
             say(f"{len(uuids):,} GPUs in the inventory; starting Chromium")
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
@@ -175,9 +160,6 @@ def main() -> None:
                     baseline.append(page.evaluate("performance.now()") - t0)
                     say(f"baseline full reload: {baseline[-1]:.0f} ms")
                 browser.close()
-            if args.beside:
-                live.terminate()
-                live.wait(timeout=30)
     finally:
         drop_database(url)
 
