@@ -109,7 +109,7 @@ def publish_on_health_change(now=None) -> bool:
     """
     try:
         gpus = sorted((r[0], r[3]) for r in health.gpu_states(now=now) if r[3] != "ok")
-        ports = sorted((i, h.state) for i, h in health.port_health(now=now).items() if h.state != "ok")
+        ports = sorted((i, h.state) for i, h in health.port_health(now=now, not_ok=True).items())
         digest = hashlib.sha1(repr((gpus, ports)).encode()).hexdigest().encode()
         key = f"{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}:{HEALTH_DIGEST_SUFFIX}"
         if _redis.getset(key, digest) == digest:

@@ -50,7 +50,7 @@ IN_STATE = {"gpus": gpus_in_state, "nodes": nodes_in_state, "racks": racks_in_st
 
 def ports_not_ok(now: datetime) -> list[dict]:
     """Every fabric port whose state is not OK, worst first."""
-    bad = {pid: h for pid, h in health.port_health(now=now).items() if h.state != "ok"}
+    bad = health.port_health(now=now, not_ok=True)
     ports = Port.objects.filter(id__in=list(bad)).select_related("node", "switch")
     return sorted(({"name": str(p), "port_id": p.id, "since": bad[p.id].since, **health_fields(bad[p.id])}
                    for p in ports), key=lambda r: (health.RANK[r["health"]], r["name"]))

@@ -180,6 +180,10 @@ def test_port_rules():
 
     assert [got[p.id].state for p in ports] == ["ok", "failed", "degraded", "stale"]
     assert got[ports[2].id].detail == "link at 200 of 400 Gb/s"
+    # The fleet-wide reads that want only what is not OK filter in the database, with the same verdicts.
+    not_ok = health.port_health(now=NOW, not_ok=True)
+    assert not_ok == {pid: h for pid, h in health.port_health(now=NOW).items() if h.state != "ok"}
+    assert set(not_ok) == {p.id for p in ports[1:]}
 
 
 def test_rack_state_is_failed_or_stale_only_when_every_node_is():
