@@ -14,8 +14,8 @@ class AlertsConfig(AppConfig):
         from core.audit import audited  # in ready(): see above
         from telemetry.signals import fleet_changed  # in ready(): see above
 
-        def evaluate_soon(sender, **kwargs) -> None:
-            schedule_evaluation()
+        def evaluate_soon(sender, new_faults: int = 0, **kwargs) -> None:
+            schedule_evaluation(urgent=new_faults > 0)
 
         # Rules are evaluated when the fleet changes (ingest, a GPU gone silent), debounced to one queued run.
         fleet_changed.connect(evaluate_soon, weak=False, dispatch_uid="alerts.evaluate_on_fleet_change")

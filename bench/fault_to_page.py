@@ -328,7 +328,12 @@ class PrometheusRun(threading.Thread):
 # ------------------------------------------------------------------------------------------ Breakwater path
 @contextmanager
 def celery_processes(tmp: Path, queue: str):
-    """A worker and beat as `./dev up` runs them (prefork, concurrency 2), on the bench's own queue."""
+    """The workers and beat as `./dev up` runs them (prefork, concurrency 2, and one for the paging queue), on
+    the bench's own queues."""
+    # The paging queue's own worker, as `./dev up` starts it.
+    alerts = procs.Child("alerts-worker", procs.worker_argv(queue, f"{queue}-alerts@%h", concurrency=1,
+                                                           alerts_only=True),
+                         log=LOG_DIR / "bench-fault_to_page-alerts-worker.log").start()
     worker = procs.Child("worker", procs.worker_argv(queue, f"{queue}@%h", concurrency=2),
                          log=LOG_DIR / "bench-fault_to_page-worker.log").start()
     beat = procs.Child("beat", procs.beat_argv(tmp / "celerybeat-schedule"),
@@ -338,6 +343,7 @@ def celery_processes(tmp: Path, queue: str):
     finally:
         beat.stop(timeout=20)
         worker.stop(timeout=20)
+        alerts.stop(timeout=20)
 
 
 def post_scrape(base: str, token: str, text: str) -> None:

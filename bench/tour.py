@@ -83,6 +83,8 @@ def start_stack(stack: ExitStack, tmp: Path, specs: list[str], gpus: int, interv
     stack.callback(daphne.stop, 20)
     queue = os.environ["CELERY_QUEUE"]
     for name, argv in (("worker", procs.worker_argv(queue, f"{queue}@%h", concurrency=2)),
+                       ("alerts-worker", procs.worker_argv(queue, f"{queue}-alerts@%h", concurrency=1,
+                                                           alerts_only=True)),
                        ("beat", procs.beat_argv(tmp / "celerybeat-schedule"))):
         stack.callback(procs.Child(name, argv, log=LOG_DIR / f"bench-tour-{name}.log").start().stop, 20)
     daphne.wait_port(timeout=60)

@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("BREAKWATER_VAR", BASE_DIR / "var"))
@@ -178,6 +179,18 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The queue tasks are sent to and workers consume. The test suite sets its own, so a test's tasks
 # never reach the worker of a `./dev up` running beside it on the same Redis (and vice versa).
 CELERY_TASK_DEFAULT_QUEUE = _env("CELERY_QUEUE", "celery")
+# Paging has a queue of its own, which `./dev up` (and deploy/systemd's breakwater-alerts.service) gives a
+# worker of its own: a new fault's evaluate → flush → deliver must not wait behind a scoring pass or a
+# rollup. With both queues in CELERY_TASK_QUEUES a worker started without -Q consumes both, so a site with
+# one worker still pages. Measured at 16,384 GPUs with the simulator's load on 2 cores (bench/fault_to_page):
+# with one queue the p95 from fault to page was 6.6-7.2 s, the worker's two slots near saturation.
+CELERY_ALERTS_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}.alerts"
+# Each bound by its own name: a Queue without a routing key takes the default one, and the broker would then
+# deliver every task to both queues.
+CELERY_TASK_QUEUES = (Queue(CELERY_TASK_DEFAULT_QUEUE, routing_key=CELERY_TASK_DEFAULT_QUEUE),
+                      Queue(CELERY_ALERTS_QUEUE, routing_key=CELERY_ALERTS_QUEUE))
+CELERY_TASK_ROUTES = {name: {"queue": CELERY_ALERTS_QUEUE}
+                      for name in ("alerts.tasks.evaluate", "alerts.tasks.flush_groups", "alerts.tasks.deliver")}
 CELERY_BEAT_SCHEDULE = {
     "rollup": {"task": "telemetry.tasks.run_rollups", "schedule": timedelta(seconds=30)},
     "retention": {"task": "telemetry.tasks.apply_retention", "schedule": timedelta(hours=1)},

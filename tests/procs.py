@@ -65,14 +65,17 @@ def daphne_argv(port: int) -> list[str]:
 
 
 def worker_argv(queue: str, name: str, *, app: str = "dashboard", solo: bool = False, concurrency: int = 2,
-                heartbeat: bool = True, loglevel: str = "WARNING") -> list[str]:
-    """`celery worker` consuming `queue` only, named `name` (`%h` is the host).
+                heartbeat: bool = True, loglevel: str = "WARNING", alerts_only: bool = False) -> list[str]:
+    """`celery worker` consuming `queue` and its paging queue (`queue`.alerts, settings.CELERY_ALERTS_QUEUE),
+    or with `alerts_only` the paging queue alone (the worker `./dev up` gives paging), named `name` (`%h`
+    is the host).
 
     `solo`: the solo pool, one task at a time in the worker process itself, without heartbeats (what the tests
     that drive a worker, or SIGKILL it mid-task, need). Otherwise the prefork pool with `concurrency` children,
     as `./dev up` runs it. Never gossip or mingle: a worker here has no business with the others on the Redis.
     `app` is the Celery app module (`-A`)."""
-    argv = [str(BIN / "celery"), "-A", app, "worker", "-l", loglevel, "-Q", queue, "-n", name,
+    queues = f"{queue}.alerts" if alerts_only else f"{queue},{queue}.alerts"
+    argv = [str(BIN / "celery"), "-A", app, "worker", "-l", loglevel, "-Q", queues, "-n", name,
             "--without-gossip", "--without-mingle"]
     if solo:
         argv += ["--pool", "solo", "--concurrency", "1"]

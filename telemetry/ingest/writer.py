@@ -295,7 +295,7 @@ def write_batch(batch: Batch, *, collector: str, fmt: str, body_bytes: int = 0) 
         result.duration_ms = (time.perf_counter() - t0) * 1000
         _log_batch(result, collector, fmt, body_bytes)
         resolver.publish_on_commit()
-        _schedule_publish()
+        _schedule_publish(result.events.get("created", 0))
     return result
 
 
@@ -323,10 +323,10 @@ def _write_events(batch: Batch, resolver: Resolver, faults: list) -> dict[str, i
     return {**counts, "cleared": cleared}
 
 
-def _schedule_publish() -> None:
+def _schedule_publish(new_faults: int) -> None:
     from telemetry import live  # late import: live pulls in the channel layer
 
     live.schedule_fleet_publish()
     # Alert rules are evaluated on ingest, not on a slow poll (alerts.apps connects the evaluation's debounced
-    # scheduler to this signal).
-    transaction.on_commit(lambda: signals.fleet_changed.send(sender=__name__))
+    # scheduler to this signal); a commit that opened fault events asks for it at once.
+    transaction.on_commit(lambda: signals.fleet_changed.send(sender=__name__, new_faults=new_faults))

@@ -146,20 +146,21 @@ def test_alerts_of_deleted_rule_resolve(rule):
 def queue():
     """The test queue in Redis, emptied; returns a reader of the task names and args queued since."""
     client = redis.Redis.from_url(settings.REDIS_URL)
-    name = settings.CELERY_TASK_DEFAULT_QUEUE
-    client.delete(name)
+    names = (settings.CELERY_TASK_DEFAULT_QUEUE, settings.CELERY_ALERTS_QUEUE)
+    client.delete(*names)
     clear_evaluation_flag()
 
     def tasks() -> list[tuple[str, str]]:
         out = []
-        for raw in client.lrange(name, 0, -1):
-            msg = json.loads(raw)
-            out.append((msg["headers"]["task"], msg["headers"].get("argsrepr", "")))
+        for name in names:
+            for raw in client.lrange(name, 0, -1):
+                msg = json.loads(raw)
+                out.append((msg["headers"]["task"], msg["headers"].get("argsrepr", "")))
         return out
 
     client.delete(pacing_key())
     yield tasks
-    client.delete(name, pacing_key())
+    client.delete(*names, pacing_key())
     clear_evaluation_flag()
 
 
@@ -235,27 +236,44 @@ def test_triggered_evaluations_are_paced_by_the_last_ones_duration(queue):
     assert PACE * 0.4 < MAX_PACING_S  # the first case below is paced by duration, not by the cap
     record_evaluation(clock.time(), 0.4)
     schedule_evaluation()
-    [delay] = _etas(settings.CELERY_TASK_DEFAULT_QUEUE)
+    [delay] = _etas(settings.CELERY_ALERTS_QUEUE)
     assert delay is not None and PACE * 0.4 - 0.5 < delay <= PACE * 0.4 + 0.1
     clear_evaluation_flag()
     record_evaluation(clock.time() - 60, 1.0)  # long ago
     schedule_evaluation()
-    assert _etas(settings.CELERY_TASK_DEFAULT_QUEUE)[0] is None
+    assert _etas(settings.CELERY_ALERTS_QUEUE)[0] is None
     clear_evaluation_flag()
     record_evaluation(clock.time(), 30.0)  # a pathological pass: the wait is capped
     schedule_evaluation()
-    assert _etas(settings.CELERY_TASK_DEFAULT_QUEUE)[0] <= MAX_PACING_S + 0.1
+    assert _etas(settings.CELERY_ALERTS_QUEUE)[0] <= MAX_PACING_S + 0.1
     clear_evaluation_flag()
     record_evaluation(clock.time(), 0.05)  # a fast pass just started: the next waits out the minimum spacing
     schedule_evaluation()
-    delay = _etas(settings.CELERY_TASK_DEFAULT_QUEUE)[0]
+    delay = _etas(settings.CELERY_ALERTS_QUEUE)[0]
     assert delay is not None and MIN_SPACING_S - 0.2 < delay <= MIN_SPACING_S + 0.1
+
+
+def test_a_new_fault_is_evaluated_at_once_even_while_a_paced_run_waits(queue):
+    """An urgent trigger (a commit that opened a fault event) is queued unpaced beside the paced run, once
+    until an evaluation starts; the evaluation's start clears both triggers."""
+    import time as clock
+
+    record_evaluation(clock.time(), 0.4)  # a pass just started: the paced run waits ~2.4 s
+    schedule_evaluation()
+    schedule_evaluation(urgent=True)
+    schedule_evaluation(urgent=True)
+    paced_and_urgent = _etas(settings.CELERY_ALERTS_QUEUE)
+    assert len(paced_and_urgent) == 2 and paced_and_urgent[0] is None and paced_and_urgent[1] > 1.0
+    clear_evaluation_flag()
+    schedule_evaluation(urgent=True)
+    schedule_evaluation()
+    assert len(_etas(settings.CELERY_ALERTS_QUEUE)) == 4
 
 
 def test_an_unreadable_pacing_record_delays_nothing(queue):
     redis.Redis.from_url(settings.REDIS_URL).set(pacing_key(), "not two numbers")
     schedule_evaluation()
-    assert _etas(settings.CELERY_TASK_DEFAULT_QUEUE) == [None]
+    assert _etas(settings.CELERY_ALERTS_QUEUE) == [None]
 
 
 def test_an_evaluation_records_its_duration_for_pacing(db):
@@ -268,6 +286,27 @@ def test_an_evaluation_records_its_duration_for_pacing(db):
     assert abs(duration * 1000 - counts["ms"]) < 1
     assert abs(started - datetime.now(UTC).timestamp()) < 30
     client.delete(pacing_key())
+
+
+def test_paging_tasks_go_to_the_paging_queue_and_the_rest_to_the_default_one(queue):
+    """evaluate, flush and deliver have a queue (and in `./dev up` a worker) of their own; playbooks do not."""
+    from celery import current_app
+
+    with current_app.connection_for_write() as conn:  # both queues bound, as a worker consuming them binds them
+        for q in current_app.amqp.queues.values():
+            q.bind(conn).declare()
+    for name in ("alerts.tasks.evaluate", "alerts.tasks.flush_groups", "alerts.tasks.deliver",
+                 "alerts.tasks.run_playbooks"):
+        current_app.send_task(name, args=(1,) if name.endswith(("deliver", "playbooks")) else ())
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    in_queue = {q: sorted(json.loads(raw)["headers"]["task"] for raw in client.lrange(q, 0, -1))
+                for q in (settings.CELERY_ALERTS_QUEUE, settings.CELERY_TASK_DEFAULT_QUEUE)}
+    assert in_queue == {settings.CELERY_ALERTS_QUEUE: ["alerts.tasks.deliver", "alerts.tasks.evaluate",
+                                                       "alerts.tasks.flush_groups"],
+                        settings.CELERY_TASK_DEFAULT_QUEUE: ["alerts.tasks.run_playbooks"]}
+    # Each task in one queue only (a queue bound by the default routing key would get every task), and a worker
+    # started without -Q (one general worker and nothing else) consumes both.
+    assert {q.name for q in current_app.amqp.queues.values()} >= set(in_queue)
 
 
 def test_evaluation_flag_is_per_queue():

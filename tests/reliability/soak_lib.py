@@ -2,10 +2,10 @@
 
 It runs the production process set against a database the caller prepared, and watches it:
 
-1. Start daphne, a Celery worker (prefork, two children, as `./dev up`), Celery beat with a fresh schedule file
-   and `manage.py simulate` on the caller's cluster size and interval (tests/procs.py's command lines and
-   process handling). Every process gets the caller's queue and channel prefix, so nothing reaches (or takes
-   work from) another Breakwater on the same Redis.
+1. Start daphne, a Celery worker (prefork, two children, as `./dev up`) and paging's own worker, Celery beat
+   with a fresh schedule file and `manage.py simulate` on the caller's cluster size and interval
+   (tests/procs.py's command lines and process handling). Every process gets the caller's queue and channel
+   prefix, so nothing reaches (or takes work from) another Breakwater on the same Redis.
 2. After the simulator's first tick, send every periodic task once (training aside) so that each code path has
    run before the warm-up ends: a first run that fills a cache is not a leak. Then open the websocket clients,
    all in one asyncio loop (aiohttp), subscribed as the fleet, heatmap and job pages subscribe. With
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 TICK_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT[0-9:.]+(?:Z|[+-]\d\d:\d\d)) gpus=")
 HEATMAP_METRICS = ("gpu_util", "gpu_temp", "power_w", "memory_temp", "fb_used")
 # Roles whose memory the verdict judges; "redis" here is the bytes of our own keys, not the shared server.
-JUDGED = ("daphne", "worker", "beat", "simulator", "postgres", "redis")
+JUDGED = ("daphne", "worker", "alerts-worker", "beat", "simulator", "postgres", "redis")
 MB = 1024 * 1024
 
 
@@ -117,6 +117,8 @@ def start_processes(cfg: SoakConfig, run_dir: Path,
     try:
         daphne = start("daphne", daphne_argv(port), port=port)
         start("worker", worker_argv(cfg.queue, f"soak-{os.getpid()}@%h", concurrency=2, loglevel="info"))
+        start("alerts-worker", worker_argv(cfg.queue, f"soak-alerts-{os.getpid()}@%h", concurrency=1,
+                                           loglevel="info", alerts_only=True))
         schedule = run_dir / "celerybeat-schedule"
         for old in run_dir.glob("celerybeat-schedule*"):
             old.unlink()
@@ -257,7 +259,7 @@ def _tree(root: int, kids: dict[int, list[int]]) -> list[int]:
 
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-CPU_ROLES = ("daphne", "worker", "beat", "simulator", "postgres", "clients")
+CPU_ROLES = ("daphne", "worker", "alerts-worker", "beat", "simulator", "postgres", "clients")
 
 
 def cpu_of(pids: list[int], reaped: bool = False) -> float:
@@ -426,9 +428,10 @@ class Sampler:
         row["pg_backends"] = len(backends)
         row["redis_server_mb"] = int(self.redis.info("memory")["used_memory_rss"]) / MB
         ours = sum(self.redis.memory_usage(k) or 0 for k in self.redis.scan_iter(f"{self.cfg.channel_prefix}*"))
-        ours += self.redis.memory_usage(self.cfg.queue) or 0
+        queues = (self.cfg.queue, f"{self.cfg.queue}.alerts")  # the general queue and paging's
+        ours += sum(self.redis.memory_usage(q) or 0 for q in queues)
         row["redis"] = (ours / MB, ours / MB)
-        row["queue"] = self.redis.llen(self.cfg.queue)
+        row["queue"] = sum(self.redis.llen(q) for q in queues)
         row["rollup_lag_s"] = self.db.execute(_ROLLUP_SQL).fetchone()[0]
         row["clients_mb"] = memory_of([os.getpid()])[0]
         cpu = {name: cpu_of(_tree(proc.pid, kids), reaped=True) for name, proc in self.procs.items()}

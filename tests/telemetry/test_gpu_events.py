@@ -50,6 +50,25 @@ def test_xid_gauge_change_opens_event_and_repeat_does_not(post):
     assert _events() == [("xid", 79, 1, None)]
 
 
+def test_only_the_commit_that_opens_a_fault_event_reports_it_as_new(post):
+    """The alert rules are asked at once (unpaced) for a new fault, and paced for everything else."""
+    from telemetry.signals import fleet_changed
+
+    seen = []
+
+    def record(sender, new_faults=0, **kwargs):
+        seen.append(new_faults)
+
+    fleet_changed.connect(record, weak=False, dispatch_uid="test-new-faults")
+    try:
+        post({"gpus": [_gpu("GPU-1", T0, xid=0)]})
+        post({"gpus": [_gpu("GPU-1", T0 + timedelta(seconds=10), xid=79)]})
+        post({"gpus": [_gpu("GPU-1", T0 + timedelta(seconds=20), xid=79)]})
+    finally:
+        fleet_changed.disconnect(dispatch_uid="test-new-faults")
+    assert seen == [0, 1, 0]
+
+
 def test_dbe_growth_counts_and_reset_clears(post):
     post({"gpus": [_gpu("GPU-1", T0, ecc_dbe_vol=0, energy_mj=5000)]})
     post({"gpus": [_gpu("GPU-1", T0 + timedelta(seconds=10), ecc_dbe_vol=2, energy_mj=6000)]})
