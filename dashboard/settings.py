@@ -184,13 +184,19 @@ CELERY_TASK_DEFAULT_QUEUE = _env("CELERY_QUEUE", "celery")
 # rollup. With both queues in CELERY_TASK_QUEUES a worker started without -Q consumes both, so a site with
 # one worker still pages. Measured at 16,384 GPUs with the simulator's load on 2 cores (bench/fault_to_page):
 # with one queue the p95 from fault to page was 6.6-7.2 s, the worker's two slots near saturation.
-CELERY_ALERTS_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}.alerts"
-# Each bound by its own name: a Queue without a routing key takes the default one, and the broker would then
-# deliver every task to both queues.
-CELERY_TASK_QUEUES = (Queue(CELERY_TASK_DEFAULT_QUEUE, routing_key=CELERY_TASK_DEFAULT_QUEUE),
-                      Queue(CELERY_ALERTS_QUEUE, routing_key=CELERY_ALERTS_QUEUE))
-CELERY_TASK_ROUTES = {name: {"queue": CELERY_ALERTS_QUEUE}
-                      for name in ("alerts.tasks.evaluate", "alerts.tasks.flush_groups", "alerts.tasks.deliver")}
+PAGING_TASKS = ("alerts.tasks.evaluate", "alerts.tasks.flush_groups", "alerts.tasks.deliver")
+
+
+def celery_queues(default: str) -> tuple[str, tuple, dict]:
+    """(paging queue, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES) for the default queue `default`; the test suite
+    calls it again when it gives this process a queue of its own. Each queue is bound by its own name: a
+    Queue without a routing key takes the default one."""
+    paging = f"{default}.alerts"
+    return (paging, (Queue(default, routing_key=default), Queue(paging, routing_key=paging)),
+            {name: {"queue": paging} for name in PAGING_TASKS})
+
+
+CELERY_ALERTS_QUEUE, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES = celery_queues(CELERY_TASK_DEFAULT_QUEUE)
 CELERY_BEAT_SCHEDULE = {
     "rollup": {"task": "telemetry.tasks.run_rollups", "schedule": timedelta(seconds=30)},
     "retention": {"task": "telemetry.tasks.apply_retention", "schedule": timedelta(hours=1)},

@@ -34,12 +34,17 @@ def _isolate_from_dev() -> None:
 
     if not settings.configured:
         return
-    settings.CELERY_TASK_DEFAULT_QUEUE = os.environ["CELERY_QUEUE"]
+    from dashboard.settings import celery_queues
+
+    queue = os.environ["CELERY_QUEUE"]
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    settings.CELERY_ALERTS_QUEUE, settings.CELERY_TASK_QUEUES, settings.CELERY_TASK_ROUTES = celery_queues(queue)
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = os.environ["BREAKWATER_CHANNEL_PREFIX"]
     settings.OUTBOUND_URL_ALLOWLIST = tuple(os.environ["OUTBOUND_URL_ALLOWLIST"].split(","))
     from dashboard.celery import app
 
-    app.conf.task_default_queue = os.environ["CELERY_QUEUE"]
+    app.conf.task_default_queue = queue
+    app.conf.task_queues, app.conf.task_routes = settings.CELERY_TASK_QUEUES, settings.CELERY_TASK_ROUTES
 
 
 _isolate_from_dev()

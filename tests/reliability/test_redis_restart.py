@@ -150,11 +150,12 @@ def test_redis_restart_worker_resumes_and_queued_notification_delivered_once(
     fault_receiver.wait_for(1, timeout=30)
     b = _send_test(fault_daphne, fault_stack)
     queue = fault_stack.redis()
-    assert queue.llen("bw-rel") == 1, "B's task should be waiting in Redis behind A"
+    paging = "bw-rel.alerts"  # deliveries go to the paging queue (settings.CELERY_ALERTS_QUEUE)
+    assert queue.llen(paging) == 1, "B's task should be waiting in Redis behind A"
 
     outage = fault_stack.restart_redis(down_for=DOWN_FOR_S)
     back_at = time.time()  # the receiver stamps requests with wall-clock time
-    assert queue.llen("bw-rel") == 1, "the queued task did not survive the restart (append-only file)"
+    assert queue.llen(paging) == 1, "the queued task did not survive the restart (append-only file)"
     c = _send_test(fault_daphne, fault_stack)  # sent after the restart
     deadline = time.monotonic() + CELERY_BOUND_S
     while len(_deliveries(fault_receiver)) < 3 and time.monotonic() < deadline:

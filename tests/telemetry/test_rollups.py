@@ -321,6 +321,7 @@ def test_an_hour_whose_minutes_this_pass_finished_waits_for_another_process_inst
 
 @pytest.mark.django_db(transaction=True)
 def test_task_runs_in_a_real_celery_worker():
+    from celery._state import _set_task_join_will_block
     from celery.contrib.testing.worker import start_worker
     from celery.signals import task_postrun
 
@@ -343,6 +344,9 @@ def test_task_runs_in_a_real_celery_worker():
                 time.sleep(0.1)
     finally:
         task_postrun.disconnect(close_worker_connection)
+        # start_worker marks this process as a worker ("never call result.get() within a task"): a later test
+        # in the same process that runs a task eagerly and reads its result would fail for it.
+        _set_task_join_will_block(False)
     assert _mark("gpu_1m") == NOW - MIN
     assert rollup_row("gpu", "1m", 1, T0)["gpu_util_last"] == 5.0
 
