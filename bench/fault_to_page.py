@@ -4,7 +4,7 @@ Both paths watch the same dcgm-exporter-format data (a GPU whose DCGM_FI_DEV_XID
 fallen off the bus") and page the same kind of local receiver (alerts/receiver.py). Each trial is timed from
 the instant the fault is visible at its source to the instant the webhook naming that GPU arrives:
 
-- Breakwater: a scratch database, the real ASGI server (daphne), a real Celery worker and beat started the way
+- Breakwater: a scratch database, the real ASGI server (daphne), real Celery workers (one for paging) and beat, the way
   `./dev up` starts them, and the shipped alerting defaults (alerts.defaults.install_defaults) wired to the
   receiver. Beside the trials the simulator ticks a whole fleet (--gpus, 16,384 by default) every 10 s through
   the same daphne, worker, beat and database, as a live site loads them. A trial POSTs one host's scrape text

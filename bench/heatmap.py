@@ -56,8 +56,6 @@ MARKER_C = 150.0  # pushed temperatures start here: no simulated GPU runs this h
 RENDERED = "window.BW && BW.heatmapStats && BW.heatmapStats.renderedAt !== null"
 
 
-
-
 def push_all(server: str, token: str, hosts: list[str], uuids: list[str], temp: float) -> float:
     """Every GPU's temperature set to `temp` (plus its index, so cells differ); returns POST seconds."""
     body = {"gpus": {"host": hosts, "uuid": uuids, "time": datetime.now(UTC).isoformat(),

@@ -11,6 +11,12 @@ from __future__ import annotations
 from celery import current_app
 
 
+def paging_queue(default: str) -> str:
+    """The queue of paging's tasks (evaluate, flush, deliver) beside the default queue `default`: the one name
+    settings, `./dev up`'s worker and the test harness share."""
+    return f"{default}.alerts"
+
+
 def enqueue(name: str, *args, countdown: float | None = None):
     """Send task `name` with positional `args`, `countdown` seconds from now (None = at once).
 

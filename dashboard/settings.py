@@ -17,6 +17,8 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
+from core.queue import paging_queue
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("BREAKWATER_VAR", BASE_DIR / "var"))
 
@@ -191,7 +193,7 @@ def celery_queues(default: str) -> tuple[str, tuple, dict]:
     """(paging queue, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES) for the default queue `default`; the test suite
     calls it again when it gives this process a queue of its own. Each queue is bound by its own name: a
     Queue without a routing key takes the default one."""
-    paging = f"{default}.alerts"
+    paging = paging_queue(default)
     return (paging, (Queue(default, routing_key=default), Queue(paging, routing_key=paging)),
             {name: {"queue": paging} for name in PAGING_TASKS})
 

@@ -74,7 +74,9 @@ def worker_argv(queue: str, name: str, *, app: str = "dashboard", solo: bool = F
     that drive a worker, or SIGKILL it mid-task, need). Otherwise the prefork pool with `concurrency` children,
     as `./dev up` runs it. Never gossip or mingle: a worker here has no business with the others on the Redis.
     `app` is the Celery app module (`-A`)."""
-    queues = f"{queue}.alerts" if alerts_only else f"{queue},{queue}.alerts"
+    from core.queue import paging_queue  # here, not at the top: this module imports nothing of the project there
+
+    queues = paging_queue(queue) if alerts_only else f"{queue},{paging_queue(queue)}"
     argv = [str(BIN / "celery"), "-A", app, "worker", "-l", loglevel, "-Q", queues, "-n", name,
             "--without-gossip", "--without-mingle"]
     if solo:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from core.queue import paging_queue
 from tests.procs import Child, beat_argv, daphne_argv, free_port, simulator_argv, stop_all, worker_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -428,7 +429,7 @@ class Sampler:
         row["pg_backends"] = len(backends)
         row["redis_server_mb"] = int(self.redis.info("memory")["used_memory_rss"]) / MB
         ours = sum(self.redis.memory_usage(k) or 0 for k in self.redis.scan_iter(f"{self.cfg.channel_prefix}*"))
-        queues = (self.cfg.queue, f"{self.cfg.queue}.alerts")  # the general queue and paging's
+        queues = (self.cfg.queue, paging_queue(self.cfg.queue))  # the general queue and paging's
         ours += sum(self.redis.memory_usage(q) or 0 for q in queues)
         row["redis"] = (ours / MB, ours / MB)
         row["queue"] = sum(self.redis.llen(q) for q in queues)

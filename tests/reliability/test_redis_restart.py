@@ -18,6 +18,7 @@ import requests
 import websocket
 
 from alerts.receiver import Behaviour
+from core.queue import paging_queue
 from tests.reliability.conftest import PASSWORD
 
 DOWN_FOR_S = 0.5
@@ -150,7 +151,7 @@ def test_redis_restart_worker_resumes_and_queued_notification_delivered_once(
     fault_receiver.wait_for(1, timeout=30)
     b = _send_test(fault_daphne, fault_stack)
     queue = fault_stack.redis()
-    paging = "bw-rel.alerts"  # deliveries go to the paging queue (settings.CELERY_ALERTS_QUEUE)
+    paging = paging_queue("bw-rel")  # deliveries go to the paging queue (settings.CELERY_ALERTS_QUEUE)
     assert queue.llen(paging) == 1, "B's task should be waiting in Redis behind A"
 
     outage = fault_stack.restart_redis(down_for=DOWN_FOR_S)
