@@ -21,6 +21,8 @@ from django.views.decorators.csrf import csrf_exempt
 from core.api import ApiError, ErrorCode, collector_endpoint, json_edge, method_not_allowed
 from telemetry.api.admission import admit
 from telemetry.api.auth import authenticate_collector
+from telemetry.ingest.arrow import CONTENT_TYPE as ARROW_TYPE
+from telemetry.ingest.arrow import parse_arrow
 from telemetry.ingest.documents import parse_json, parse_ndjson
 from telemetry.ingest.exposition import parse_dcgm_exposition
 from telemetry.ingest.schema import TimeParser
@@ -90,10 +92,12 @@ def _parse(request: HttpRequest, fmt: str, body: bytes, collector: str):
         return parse_ndjson(body, times), {}
     if ctype in JSON_TYPES:
         return parse_json(body, times), {}
+    if ctype == ARROW_TYPE:
+        return parse_arrow(body, times), {}
     raise ApiError(
         415,
         ErrorCode.BAD_CONTENT_TYPE,
-        f"Content-Type {ctype!r} is not accepted (application/json or application/x-ndjson)",
+        f"Content-Type {ctype!r} is not accepted (application/json, application/x-ndjson or {ARROW_TYPE})",
     )
 
 
@@ -111,7 +115,7 @@ def _method_guard(request: HttpRequest) -> JsonResponse | None:
 @collector_endpoint
 @csrf_exempt
 async def ingest_json(request: HttpRequest) -> JsonResponse:
-    """POST /api/v1/ingest — a JSON or NDJSON batch (see docs/ingest.md)."""
+    """POST /api/v1/ingest — a JSON, NDJSON or Arrow IPC batch (see docs/ingest.md)."""
     return _method_guard(request) or await _admitted(request, "json")
 
 

@@ -41,7 +41,8 @@ def _length(cols: dict, where: str) -> int:
     return lengths.pop()
 
 
-def _ident_columns(kind: str, cols: dict, n: int, where: str) -> dict[str, list]:
+def ident_columns(kind: str, cols: dict, n: int, where: str) -> dict[str, list]:
+    """The identity columns of a columnar collection, checked (types, empties, lengths, port owners)."""
     required, optional = IDENTITY[kind]
     out = {}
     for key, typ in {**required, **optional}.items():
@@ -175,7 +176,7 @@ def _times(raw, n: int, where: str, times: TimeParser) -> list:
 def add_columns(batch: Batch, kind: str, cols: dict, where: str, times: TimeParser, default_time) -> None:
     """Validate a columnar collection and add it to the batch as one frame."""
     n = _length({k: v for k, v in cols.items() if k not in ("fields", "extra", "time")}, where)
-    ident = _ident_columns(kind, cols, n, where)
+    ident = ident_columns(kind, cols, n, where)
     tcol = _times(cols.get("time", default_time), n, f"{where}.time", times)
     values = _value_columns(kind, cols.get("fields"), n, f"{where}.fields", batch, registry=True)
     extra = _value_columns(kind, cols.get("extra"), n, f"{where}.extra", batch, registry=False)

@@ -43,7 +43,10 @@ def _micros(times: list[datetime]) -> list[int]:
 
 
 def _column(typ: str, col: list) -> tuple[np.ndarray, np.ndarray | None]:
-    """(values, null mask or None) for one column; NULLs hold 0 in `values`."""
+    """(values, null mask or None) for one column (a list with None, or a masked array); NULLs hold 0."""
+    if isinstance(col, np.ma.MaskedArray):
+        null = np.ma.getmaskarray(col) if col.mask is not np.ma.nomask and col.mask.any() else None
+        return col.filled(0).astype(_COMPUTE[typ], copy=False), null
     if typ == "timestamptz":
         col = _micros(col)
     dtype = _COMPUTE[typ]

@@ -19,6 +19,8 @@ last-value table.
 
 from __future__ import annotations
 
+import numpy as np
+
 from telemetry.actions import EventIn
 
 NVLINK_FIELDS = ("nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors")
@@ -50,7 +52,9 @@ def suspects(values: dict[str, list], ids: list, open_gpus: set[int]) -> list[in
     found = set(open_gpus.intersection(ids))
     for name in SIGN_FIELDS:
         col = values.get(name)
-        if col is not None:
+        if isinstance(col, np.ma.MaskedArray):
+            found.update(ids[i] for i in np.flatnonzero(col.filled(0)).tolist())
+        elif col is not None:
             found.update(gid for gid, v in zip(ids, col, strict=True) if v)
     return list(found)
 

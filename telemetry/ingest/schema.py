@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import orjson
 
 from core.api import ApiError, ErrorCode
@@ -74,7 +75,8 @@ class Record:
 class Frame:
     """Validated samples of one kind in columns: what the writer COPYs.
 
-    Every list has `n` entries; None in a value column means 'not reported'.
+    Every column has `n` entries. A value column is a list (None: not reported) or, from a binary
+    body, a numpy masked array (masked: not reported); `present` and `take` read both.
     """
 
     kind: str
@@ -86,15 +88,21 @@ class Frame:
 
     @property
     def sample_count(self) -> int:
-        return sum(len(c) - c.count(None) for c in (*self.values.values(), *self.extra.values()))
+        return sum(map(present, (*self.values.values(), *self.extra.values())))
 
     def take(self, keep: list[int]) -> Frame:
         """The rows at `keep`, in order."""
-        pick = lambda col: [col[i] for i in keep]  # noqa: E731
+        at = np.asarray(keep, dtype=np.intp)
+        pick = lambda col: col[at] if isinstance(col, np.ndarray) else [col[i] for i in keep]  # noqa: E731
         return Frame(
             self.kind, len(keep), {k: pick(v) for k, v in self.ident.items()}, pick(self.times),
             {k: pick(v) for k, v in self.values.items()}, {k: pick(v) for k, v in self.extra.items()},
         )
+
+
+def present(col) -> int:
+    """Values reported in one column of a Frame (a list with None, or a masked array)."""
+    return int(col.count()) if isinstance(col, np.ma.MaskedArray) else len(col) - col.count(None)
 
 
 def frame_from_records(kind: str, records: list[Record]) -> Frame:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 
+import numpy as np
 import psycopg
 from django.db import connection, transaction
 
@@ -39,7 +40,7 @@ from telemetry.fields import KINDS
 from telemetry.ingest import copybin
 from telemetry.ingest.entities import Resolver, check_generation, resolve_events
 from telemetry.ingest.faults import DERIVE_FIELDS, derive, open_event_gpus, suspects
-from telemetry.ingest.schema import Batch, Frame
+from telemetry.ingest.schema import Batch, Frame, present
 from telemetry.models import AgentStatus, IngestBatch
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ def _columns(frame: Frame, ids: list, names: tuple[str, ...]) -> list[list]:
     keys = list(zip(ids, frame.times, strict=True))
     if len(set(keys)) == len(keys):
         return [ids, frame.times, *cols]
+    cols = [c.tolist() if isinstance(c, np.ndarray) else c for c in cols]  # masked -> None
     merged: dict[tuple, list] = {}
     for i, key in enumerate(keys):
         row = merged.setdefault(key, [None] * len(names))
@@ -280,7 +282,7 @@ def write_batch(batch: Batch, *, collector: str, fmt: str, body_bytes: int = 0) 
                 frame, ids = _resolve(kind, frame, resolver, batch)
                 if frame.n:
                     result.rows[kind] = result.rows.get(kind, 0) + _write_frame(frame, ids, faults)
-                    result.accepted += sum(len(c) - c.count(None) for c in frame.values.values())
+                    result.accepted += sum(map(present, frame.values.values()))
                     narrow.extend(_narrow_rows(frame, ids))
         result.rows["narrow"] = _write_narrow(narrow)
         result.events = _write_events(batch, resolver, faults)

@@ -23,6 +23,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from telemetry.ingest.arrow import CONTENT_TYPE as ARROW_TYPE
+from telemetry.ingest.arrow import encode_arrow
+
 INGEST_PATH = "/api/v1/ingest"
 RETRYABLE = {429, 500, 502, 503, 504}
 BACKOFF_BASE_S = 0.5
@@ -95,10 +98,14 @@ def retry_after_seconds(value: str | None) -> float | None:
 
 
 class IngestClient:
-    """Posts JSON batches to ``{server}/api/v1/ingest`` from a small thread pool."""
+    """Posts batches to ``{server}/api/v1/ingest`` from a small thread pool.
+
+    `body="arrow"` sends the samples of each batch as an Arrow IPC body (docs/ingest.md), which the
+    server checks and encodes a column at a time; a batch that carries fault events still goes as
+    JSON, the one form that carries them. Other endpoints (jobs, training) always take JSON."""
 
     def __init__(self, server: str, token: str, *, concurrency: int = 4, timeout: float = 60.0,
-                 max_attempts: int = 6, sleep=time.sleep):
+                 max_attempts: int = 6, sleep=time.sleep, body: str = "json"):
         parts = urlsplit(server)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--server must be an http:// or https:// URL, got {server!r}")
@@ -107,6 +114,9 @@ class IngestClient:
         self.path = parts.path.rstrip("/") + INGEST_PATH
         self.token, self.timeout, self.max_attempts = token, timeout, max_attempts
         self.sleep = sleep
+        if body not in ("json", "arrow"):
+            raise ValueError(f"body must be 'json' or 'arrow', got {body!r}")
+        self.arrow = body == "arrow"
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ingest")
         self._local = threading.local()
         self._jitter = random.Random()  # jitter must differ between simulators, so unseeded
@@ -145,21 +155,23 @@ class IngestClient:
 
     def send(self, body: dict) -> Result:
         """Encode and post one body, retrying what is worth retrying."""
-        data = gzip.compress(orjson.dumps(body), compresslevel=1)
+        raw = encode_arrow(body) if self.arrow else None
+        ctype = ARROW_TYPE if raw is not None else "application/json"
+        data = gzip.compress(orjson.dumps(body) if raw is None else raw, compresslevel=1)
         result = Result(ok=False, body_bytes=len(data))
         for attempt in range(1, self.max_attempts + 1):
             result.attempts = attempt
-            wait = self._attempt(data, result)
+            wait = self._attempt(data, result, ctype)
             if wait is None:
                 return result
             if attempt < self.max_attempts:
                 self.sleep(wait)
         return result
 
-    def _attempt(self, data: bytes, result: Result) -> float | None:
+    def _attempt(self, data: bytes, result: Result, ctype: str = "application/json") -> float | None:
         """One POST; fills `result`; returns seconds to wait before a retry, or None if done."""
         try:
-            status, headers, payload = self._post(data)
+            status, headers, payload = self._post(data, ctype)
         except (OSError, http.client.HTTPException) as exc:
             self._drop_connection()
             result.status, result.error = 0, f"{type(exc).__name__}: {exc}"
@@ -183,10 +195,10 @@ class IngestClient:
             return self._backoff(result.attempts, retry_after_seconds(headers.get("Retry-After")))
         return None
 
-    def _post(self, data: bytes) -> tuple[int, http.client.HTTPMessage, bytes]:
+    def _post(self, data: bytes, ctype: str) -> tuple[int, http.client.HTTPMessage, bytes]:
         conn = self._connection()
         conn.request("POST", self.path, body=data, headers={
-            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
+            "Authorization": f"Bearer {self.token}", "Content-Type": ctype,
             "Content-Encoding": "gzip", "Connection": "keep-alive",
         })
         resp = conn.getresponse()

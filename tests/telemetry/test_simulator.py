@@ -368,3 +368,39 @@ def test_backfill_sends_history_at_the_interval(live_server, monkeypatch):
         first, last, count = cur.fetchone()
     assert (first, last, count) == (FIXED_NOW - timedelta(minutes=1), FIXED_NOW, 7)
     assert any(x.startswith("2026-11-30T12:00:00Z gpus=16 ") for x in lines)
+
+
+def _stored() -> dict[str, list[tuple]]:
+    out = {}
+    with connection.cursor() as cur:
+        for table in ("telemetry_gpu_sample", "telemetry_port_sample", "telemetry_power_sample",
+                      "telemetry_narrow_sample"):
+            cur.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3")
+            out[table] = cur.fetchall()
+            cur.execute(f"DELETE FROM {table}")
+    return out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_arrow_and_json_bodies_of_the_same_ticks_store_the_same_rows(live_server, monkeypatch):
+    from telemetry.api import views
+
+    pinned = views.TimeParser(FIXED_NOW, timedelta(minutes=5), timedelta(days=7))
+    monkeypatch.setattr(views, "_times", lambda: pinned)
+    from telemetry.topology import do_import_topology
+
+    do_import_topology(topology_document(build_layout(32, seed=9)))
+    token = do_create_collector_token("simulator-test")
+    stored = {}
+    for body in ("json", "arrow"):
+        client = IngestClient(live_server.url, token, body=body)
+        runner = Runner(Cluster.build(32, seed=9), client, interval=INTERVAL, write=lambda line: None,
+                        server=live_server.url, clock=FIXED_NOW.timestamp, sleep=lambda s: None)
+        try:
+            total = runner.backfill(1)
+        finally:
+            client.close()
+        assert total.failed == 0 and total.rejected == 0
+        stored[body] = _stored()
+    assert stored["arrow"] == stored["json"]
+    assert len(stored["arrow"]["telemetry_gpu_sample"]) == 32 * 6

@@ -61,6 +61,9 @@ class Command(BaseCommand):
                             help="Do not import the cluster's topology before sending")
         parser.add_argument("--concurrency", type=_positive(int), default=4,
                             help="Requests in flight at once (default 4)")
+        parser.add_argument("--body", choices=("arrow", "json"), default="arrow",
+                            help="Body of the sample pushes: Arrow IPC (default; a rack's batch with fault "
+                                 "events goes as JSON) or JSON columns")
         parser.add_argument("--wait-timeout", type=float, default=0.0, metavar="SECONDS",
                             help="Give up if the server does not answer in time "
                                  "(default: wait forever)")
@@ -85,7 +88,7 @@ class Command(BaseCommand):
         cluster = Cluster(layout, seed=opts["seed"], interval=opts["interval"],
                           scenarios=self._scenarios(opts))
         try:
-            client = IngestClient(opts["server"], token, concurrency=opts["concurrency"])
+            client = IngestClient(opts["server"], token, concurrency=opts["concurrency"], body=opts["body"])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         # The runner opens its own clients for the jobs and training endpoints.
