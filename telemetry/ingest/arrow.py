@@ -33,7 +33,15 @@ import pyarrow.ipc as ipc
 from telemetry.fields import KINDS
 from telemetry.ingest.columnar import ident_columns
 from telemetry.ingest.schema import COLLECTION_KEYS as COLLECTIONS
-from telemetry.ingest.schema import FLOAT32_MAX, IDENTITY, Batch, BatchError, Frame, TimeParser
+from telemetry.ingest.schema import (
+    FLOAT32_MAX,
+    IDENTITY,
+    Batch,
+    BatchError,
+    Frame,
+    TimeParser,
+    storable_text_problem,
+)
 
 CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 EXTRA_PREFIX = "extra."
@@ -85,7 +93,9 @@ def add_table(batch: Batch, kind: str, table: pa.Table, where: str, times: TimeP
             tcol = col
         elif name in known:
             values[name] = _numeric(col, known[name].sql_type, path, batch)
-        elif name.startswith(EXTRA_PREFIX) and 0 < len(name) - len(EXTRA_PREFIX) <= 128:
+        elif name.startswith(EXTRA_PREFIX) and name != EXTRA_PREFIX:
+            if storable_text_problem(name[len(EXTRA_PREFIX):], 128):
+                raise BatchError(path, "extra field names are 1-128 characters of valid text")
             extra[name[len(EXTRA_PREFIX):]] = _numeric(col, "double precision", path, batch).tolist()
         else:
             raise BatchError(path, f"unknown column for {kind} (an identity key, 'time', a {kind} field, "
@@ -124,6 +134,7 @@ def _times(col: pa.ChunkedArray | None, n: int, where: str, times: TimeParser) -
     if pa.types.is_timestamp(typ):
         if typ.tz is None:
             raise BatchError(where, "a timestamp column needs a time zone (send UTC)")
+        # The values are UTC instants whatever the zone (which only says how to display them).
         col = col.cast(pa.timestamp("us", tz="UTC"), safe=False)
     elif not (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
         raise BatchError(where, f"must be a timestamp with a time zone or epoch seconds, got {typ}")

@@ -74,6 +74,17 @@ class Tolerance:
 
 
 @dataclass
+class Targets:
+    """What a site of this size must get, whatever the first window measured (issue 29's figures at 16,384 GPUs
+    on half of a 2-core machine's worth of a server): every page kind's update p95, the ingest lag p95, and the
+    stack's CPU (STACK_ROLES: everything but the simulator and the soak's own clients) over the measured part."""
+
+    update_p95_s: float = 2.0
+    lag_p95_s: float = 5.0
+    stack_cores: float = 1.0
+
+
+@dataclass
 class SoakConfig:
     database_url: str
     token: str  # collector token (the simulator's)
@@ -92,6 +103,7 @@ class SoakConfig:
     log_dir: Path = REPO / "var" / "log"
     scenarios: tuple[str, ...] = ()
     tolerance: Tolerance = field(default_factory=Tolerance)
+    targets: Targets | None = None  # None: growth alone is judged (a short run on a shared CI machine)
     say: object = print
     train_models: bool = False  # train the first models in the warm-up and start measuring once they score
     models_settle_s: float = 150.0  # after the models are active: two scoring passes with them loaded
@@ -260,7 +272,10 @@ def _tree(root: int, kids: dict[int, list[int]]) -> list[int]:
 
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-CPU_ROLES = ("daphne", "worker", "alerts-worker", "beat", "simulator", "postgres", "clients")
+CPU_ROLES = ("daphne", "worker", "alerts-worker", "beat", "simulator", "postgres", "redis", "clients")
+# The stack a site runs: "redis" is the whole Redis server's CPU (shared with anyone else on it; nothing else
+# uses it during a soak), "postgres" the whole cluster's.
+STACK_ROLES = ("daphne", "worker", "alerts-worker", "beat", "postgres", "redis")
 
 
 def cpu_of(pids: list[int], reaped: bool = False) -> float:
@@ -277,11 +292,11 @@ def cpu_of(pids: list[int], reaped: bool = False) -> float:
     return total / TICKS_PER_S
 
 
-def machine_cpu() -> dict[str, float]:
-    """The whole machine's CPU seconds so far by state, from /proc/stat (steal: taken by the hypervisor; busy: work
-    done here, i.e. user, nice, system, irq and softirq, without idle, I/O wait and steal)."""
-    user, nice, system, idle, iowait, irq, softirq, steal = (
-        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+def machine_cpu(stat: str | None = None) -> dict[str, float]:
+    """The whole machine's CPU seconds so far by state, from /proc/stat (or `stat`, its text) (steal: taken by the
+    hypervisor; busy: work done here, i.e. user, nice, system, irq and softirq, without idle, I/O wait and steal)."""
+    text = Path("/proc/stat").read_text() if stat is None else stat
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in text.split("\n", 1)[0].split()[1:9])
     return {"idle": idle / TICKS_PER_S, "iowait": iowait / TICKS_PER_S, "steal": steal / TICKS_PER_S,
             "busy": (user + nice + system + irq + softirq) / TICKS_PER_S}
 
@@ -414,6 +429,7 @@ class Sampler:
         # The postmaster (a backend's parent) accounts for every PostgreSQL process of the cluster, ours or not:
         # during a soak nothing else runs on it.
         self.postmaster = int(_stat(self.db.info.backend_pid)[1])
+        self.redis_pid = int(self.redis.info("server")["process_id"])
 
     def close(self) -> None:
         self.db.close()
@@ -437,6 +453,7 @@ class Sampler:
         row["clients_mb"] = memory_of([os.getpid()])[0]
         cpu = {name: cpu_of(_tree(proc.pid, kids), reaped=True) for name, proc in self.procs.items()}
         cpu["postgres"] = cpu_of(_tree(self.postmaster, kids), reaped=True)
+        cpu["redis"] = cpu_of([self.redis_pid])
         cpu["clients"] = cpu_of([os.getpid()])
         row["cpu"], row["machine"] = cpu, machine_cpu()
         wal = self.db.execute(_WAL_SQL).fetchone()
@@ -549,8 +566,35 @@ def summarise(cfg: SoakConfig, sampler: Sampler, clients: list[Client], start: f
         "per_kind_p95_ms": {k: _ms(pct([x["latency"] for x in measured if x["kind"] == k], 95))
                             for k in sorted({c.kind for c in clients})},
     }
+    report["stack_cores"] = stack_cores([s for s in sampler.samples if start <= s["t"] <= end])
     report.update(verdict(cfg.tolerance, rows))
+    if cfg.targets is not None:
+        report["failures"] += target_failures(cfg.targets, report)
     return report
+
+
+def stack_cores(samples: list[dict]) -> float | None:
+    """Cores the stack (STACK_ROLES) used on average between the first and the last of `samples`."""
+    have = [s for s in samples if "cpu" in s]
+    if len(have) < 2 or have[-1]["t"] <= have[0]["t"]:
+        return None
+    a, b = have[0], have[-1]
+    return sum(b["cpu"][r] - a["cpu"][r] for r in STACK_ROLES if r in a["cpu"] and r in b["cpu"]) / (b["t"] - a["t"])
+
+
+def target_failures(targets: Targets, report: dict) -> list[str]:
+    """The absolute targets a full-size run is judged on, beside the growth verdict."""
+    out = []
+    for kind, p95_ms in report["per_kind_p95_ms"].items():
+        if p95_ms is not None and p95_ms > targets.update_p95_s * 1000:
+            out.append(f"{kind} page-update p95 {p95_ms / 1000:.2f} s > {targets.update_p95_s:g} s")
+    lag = report["lag_p95_s"]
+    if lag is None or lag > targets.lag_p95_s:
+        out.append(f"ingest lag p95 {_fmt(lag)} s > {targets.lag_p95_s:g} s")
+    cores = report["stack_cores"]
+    if cores is None or cores > targets.stack_cores:
+        out.append(f"the stack used {_fmt(cores)} cores > {targets.stack_cores:g}")
+    return out
 
 
 def _rates(mem: list[dict]) -> dict:
@@ -735,6 +779,7 @@ def report_lines(report: dict) -> list[str]:
         out.append(f"  redis server RSS (shared with everyone on this Redis, not judged) {server[0]:.0f} → "
                    f"{server[-1]:.0f} MB")
     out.append("update p95 by page: " + ", ".join(f"{k} {_fmt(v, 0)} ms" for k, v in report["per_kind_p95_ms"].items()))
+    out.append(f"the stack ({', '.join(STACK_ROLES)}) over the measured part: {_fmt(report['stack_cores'])} cores")
     out.append(f"pages with no update after the warm-up {report['idle_clients']} (job lists aside), "
                f"never answered {report['unanswered']}, "
                f"client errors {report['client_errors']}, reconnects {report['reconnects']}, "

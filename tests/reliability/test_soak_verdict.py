@@ -60,3 +60,26 @@ def test_window_rates_are_per_second_and_per_core():
     assert r["cpu"] == {"daphne": 0.5, "postgres": 0.3}
     assert r["machine"]["idle"] == 0.5 and r["wal"]["mb_s"] == 2.0 and r["wal"]["fpi"] == 10.0
     assert r["wal"]["checkpoints"] == 1.0
+
+
+def _report(**per_kind_ms) -> dict:
+    return {"per_kind_p95_ms": {"fleet": 900.0, "heatmap": 1500.0, "jobs-list": None, **per_kind_ms},
+            "lag_p95_s": 3.0, "stack_cores": 0.8}
+
+
+def test_the_targets_judge_every_page_kind_the_lag_and_the_stack():
+    targets = soak_lib.Targets()
+    assert soak_lib.target_failures(targets, _report()) == []
+    assert soak_lib.target_failures(targets, _report(**{"jobs-job": 2400.0})) == [
+        "jobs-job page-update p95 2.40 s > 2 s"]
+    late = {**_report(), "lag_p95_s": 6.5, "stack_cores": 1.3}
+    assert soak_lib.target_failures(targets, late) == ["ingest lag p95 6.50 s > 5 s", "the stack used 1.30 cores > 1"]
+    assert soak_lib.target_failures(targets, {**_report(), "stack_cores": None}) == [
+        "the stack used - cores > 1"]
+
+
+def test_stack_cores_adds_the_stack_roles_and_leaves_out_the_simulator_and_clients():
+    a = {"t": 0.0, "cpu": {"daphne": 0.0, "postgres": 0.0, "redis": 0.0, "simulator": 0.0, "clients": 0.0}}
+    b = {"t": 10.0, "cpu": {"daphne": 4.0, "postgres": 3.0, "redis": 1.0, "simulator": 9.0, "clients": 9.0}}
+    assert soak_lib.stack_cores([a, {"t": 5.0}, b]) == 0.8
+    assert soak_lib.stack_cores([a]) is None

@@ -146,6 +146,8 @@ def test_nan_inf_and_float4_overflow_are_rejected_samples_not_a_failed_batch(pos
      "does not fit a 64-bit counter"),
     (lambda: _stream("gpu", _gpus(2, energy_mj=[1.0, 1e30])), "stream 0 (gpu).energy_mj[1]",
      "does not fit a 64-bit counter"),
+    (lambda: _stream("gpu", _gpus(1, **{"extra.bad\x00name": [1.0]})), "stream 0 (gpu).extra.bad",
+     "extra field names"),
     (lambda: b"this is not arrow at all", "stream 0 (byte 0)", "not a valid Arrow IPC stream"),
     (lambda: _stream("gpu", _gpus(2, gpu_util=[1.0, 2.0]))[:-40], "stream 0 (byte 0)", "not a valid Arrow IPC"),
     (lambda: _stream("gpu", _gpus(1, gpu_util=[1.0])) + b"\x00" * 5, "stream 1", "not a valid Arrow IPC stream"),
