@@ -9,6 +9,7 @@ documented error without a location. The tests in this directory run each target
 Contracts (who raises what on bad input):
 - exposition  `parse_dcgm_exposition` -> Batch | BatchError(where="line N")
 - ingest-json `parse_json` / `parse_ndjson` -> Batch | BatchError(where=JSON path or "line N")
+- ingest-arrow `parse_arrow` -> Batch | BatchError(where="stream N …" or "$")
 - nvidia-smi  `parse_nvsmi_xml` / `parse_nvsmi_text` -> NvsmiResult | NvsmiError
 - infiniband  `read_sysfs` never raises (bad files become Problems); `parse_perfquery_x` -> PerfqueryError
 - redfish     `collect` never raises (failures become `problems` naming the URL)
@@ -85,6 +86,7 @@ def _check_batch(batch) -> None:
         for frame in frames:
             for col in (*frame.values.values(), *frame.extra.values()):
                 assert len(col) == frame.n
+                col = col.tolist() if hasattr(col, "tolist") else col  # a masked array: masked reads as None
                 assert all(v is None or (isinstance(v, int | float) and math.isfinite(v)) for v in col)
 
 
@@ -208,6 +210,44 @@ def check_ingest(case) -> None:
     except BatchError as exc:
         assert exc.message, exc
         _located(f"{exc.where}", "$", "line ")
+        return
+    _check_batch(batch)
+
+
+# --- Arrow IPC ingest -------------------------------------------------------------------------------
+
+
+@cache
+def arrow_seeds() -> list[bytes]:
+    """The JSON seeds that have an Arrow form (no events, no agent report), as the simulator would send them."""
+    from telemetry.ingest.arrow import encode_arrow
+
+    return [body for body in map(encode_arrow, ingest_seeds()) if body]
+
+
+def arrow_inputs(ch: s.Chooser) -> bytes:
+    from telemetry.ingest.arrow import encode_arrow
+
+    if ch.below(3) == 0:  # a mutated document, encoded: well-formed streams with odd columns and values
+        doc = s.mutate_tree(ch, ch.pick(ingest_seeds()))
+        try:
+            body = encode_arrow(doc) if isinstance(doc, dict) else None
+        except Exception:  # noqa: BLE001 (the encoder is a client helper: a tree it cannot encode is no input)
+            body = None
+        if body:
+            return body
+    return s.mutated_seed(ch, arrow_seeds())  # damaged bytes: the reader and the validator's turn
+
+
+def check_arrow(body: bytes) -> None:
+    from telemetry.ingest.arrow import parse_arrow
+    from telemetry.ingest.schema import BatchError
+
+    try:
+        batch = parse_arrow(body, _times())
+    except BatchError as exc:
+        assert exc.message, exc
+        _located(f"{exc.where}", "stream ", "$")
         return
     _check_batch(batch)
 
@@ -626,6 +666,7 @@ TARGETS: dict[str, Target] = {
     for t in (
         Target("exposition", exposition_inputs, check_exposition),
         Target("ingest-json", ingest_inputs, check_ingest),
+        Target("ingest-arrow", arrow_inputs, check_arrow),
         Target("nvidia-smi", nvsmi_inputs, check_nvsmi),
         Target("infiniband", infiniband_inputs, check_infiniband),
         Target("redfish", redfish_inputs, check_redfish),

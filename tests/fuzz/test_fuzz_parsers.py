@@ -26,6 +26,12 @@ def test_json_and_ndjson_ingest_give_batch_or_located_error(case):
     targets.check_ingest(case)
 
 
+@fuzz_settings(400)
+@given(st.deferred(lambda: targets.TARGETS["ingest-arrow"].strategy()))
+def test_arrow_ingest_gives_batch_or_located_error(case):
+    targets.check_arrow(case)
+
+
 @fuzz_settings(250)
 @given(st.deferred(lambda: targets.TARGETS["nvidia-smi"].strategy()))
 def test_nvidia_smi_gives_records_or_nvsmi_error(case):
