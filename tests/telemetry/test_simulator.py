@@ -343,16 +343,21 @@ def test_simulate_command_lands_one_tick_in_the_hypertables(live_server, capsys)
         assert cur.fetchone()[0] == 64, "samples land on the GPUs the topology placed"
 
 
-@pytest.mark.django_db(transaction=True)
-def test_backfill_sends_history_at_the_interval(live_server, monkeypatch):
+def _placed_site(monkeypatch, gpus: int) -> str:
+    """The server's clock pinned to the fixtures' epoch, a simulated cluster's topology imported; a collector
+    token."""
     from telemetry.api import views
+    from telemetry.topology import do_import_topology
 
     pinned = views.TimeParser(FIXED_NOW, timedelta(minutes=5), timedelta(days=7))
     monkeypatch.setattr(views, "_times", lambda: pinned)
-    from telemetry.topology import do_import_topology
+    do_import_topology(topology_document(build_layout(gpus, seed=9)))
+    return do_create_collector_token("simulator-test")
 
-    do_import_topology(topology_document(build_layout(16, seed=9)))
-    token = do_create_collector_token("simulator-test")
+
+@pytest.mark.django_db(transaction=True)
+def test_backfill_sends_history_at_the_interval(live_server, monkeypatch):
+    token = _placed_site(monkeypatch, 16)
     client = IngestClient(live_server.url, token)
     lines: list[str] = []
     runner = Runner(Cluster.build(16, seed=9), client, interval=INTERVAL, write=lines.append,
@@ -383,14 +388,7 @@ def _stored() -> dict[str, list[tuple]]:
 
 @pytest.mark.django_db(transaction=True)
 def test_arrow_and_json_bodies_of_the_same_ticks_store_the_same_rows(live_server, monkeypatch):
-    from telemetry.api import views
-
-    pinned = views.TimeParser(FIXED_NOW, timedelta(minutes=5), timedelta(days=7))
-    monkeypatch.setattr(views, "_times", lambda: pinned)
-    from telemetry.topology import do_import_topology
-
-    do_import_topology(topology_document(build_layout(32, seed=9)))
-    token = do_create_collector_token("simulator-test")
+    token = _placed_site(monkeypatch, 32)
     stored = {}
     for body in ("json", "arrow"):
         client = IngestClient(live_server.url, token, body=body)
