@@ -1,6 +1,6 @@
 """The Arrow IPC ingest body (Content-Type: application/vnd.apache.arrow.stream).
 
-One Arrow IPC *stream* per entity kind, several streams back to back in one body. A stream's
+One Arrow IPC *stream* per entity kind (each kind at most once), back to back in one body. A stream's
 schema metadata names its kind (`kind`: gpu, mig, port or power); its columns are
 
     the kind's identity keys   host, uuid, index, … (strings and integers, as in the JSON body)
@@ -68,6 +68,10 @@ def parse_arrow(body: bytes, times: TimeParser) -> Batch:
         kind = (table.schema.metadata or {}).get(b"kind", b"").decode(errors="replace")
         if kind not in KINDS:
             raise BatchError(where, f"the schema's metadata must name the kind (gpu, mig, port or power), got {kind!r}")
+        # One stream per kind, as the JSON body has one collection per kind: each stream becomes a frame and
+        # costs its own COPYs, and 64 MB of one-row streams would be ~100k of them.
+        if batch.columnar[kind]:
+            raise BatchError(where, f"a second {kind} stream: send each kind once (concatenate its tables)")
         try:
             add_table(batch, kind, table, f"{where} ({kind})", times)
         except UnicodeDecodeError as exc:  # a column name or a string value that is not UTF-8
@@ -207,7 +211,7 @@ def encode_arrow(body: dict) -> bytes | None:
         table = _table(kind, coll if isinstance(coll, dict) else _rows_to_columns(coll), body.get("time"))
         with ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue().to_pybytes() or None  # no rows at all: nothing Arrow can say that JSON cannot
 
 
 def _rows_to_columns(records: list[dict]) -> dict:

@@ -148,6 +148,8 @@ def test_nan_inf_and_float4_overflow_are_rejected_samples_not_a_failed_batch(pos
      "does not fit a 64-bit counter"),
     (lambda: _stream("gpu", _gpus(1, **{"extra.bad\x00name": [1.0]})), "stream 0 (gpu).extra.bad",
      "extra field names"),
+    (lambda: _stream("gpu", _gpus(1, gpu_util=[1.0])) + _stream("gpu", _gpus(1, gpu_util=[2.0])), "stream 1",
+     "a second gpu stream"),
     (lambda: b"this is not arrow at all", "stream 0 (byte 0)", "not a valid Arrow IPC stream"),
     (lambda: _stream("gpu", _gpus(2, gpu_util=[1.0, 2.0]))[:-40], "stream 0 (byte 0)", "not a valid Arrow IPC"),
     (lambda: _stream("gpu", _gpus(1, gpu_util=[1.0])) + b"\x00" * 5, "stream 1", "not a valid Arrow IPC stream"),
@@ -204,9 +206,10 @@ def test_fault_suspects_read_masked_columns_like_lists():
     assert sorted(suspects(as_list, ids, {11})) == sorted(suspects(masked, ids, {11})) == [11, 12, 14]
 
 
-def test_a_body_with_events_is_left_to_json():
+def test_a_body_with_events_or_without_rows_is_left_to_json():
     assert encode_arrow({"gpus": [], "events": [{"kind": "xid"}]}) is None
     assert encode_arrow({"gpus": [{"host": "h", "uuid": "u", "fields": {"gpu_util": 1}}], "agent": {}}) is None
+    assert encode_arrow({"time": T0.isoformat(), "gpus": [], "ports": []}) is None  # no rows: nothing to send
 
 
 def test_the_encoder_sends_real_fields_as_float32_unless_a_value_is_beyond_float4(post):
