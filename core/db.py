@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
 from django.db import connection, transaction
 
 
@@ -20,3 +21,15 @@ def cursor_without_jit() -> Iterator:
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SET LOCAL jit = off")
         yield cur
+
+
+def fetch_binary(sql: str, params=None) -> list[tuple]:
+    """Every row of `sql`, fetched in binary: at 16k rows of numbers, text decoding costs more than the query.
+
+    A plain (server-binding) psycopg cursor on Django's connection, since Django's client-side cursors cannot
+    return binary; parameters use psycopg's placeholders (`%s`, `%(name)s`).
+    """
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cur:
+        cur.execute(sql, params, binary=True)
+        return cur.fetchall()

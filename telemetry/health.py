@@ -36,6 +36,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from core.db import fetch_binary
 from telemetry.fields import KINDS
 from telemetry.models import Allocation, Gpu, GpuEvent, HealthState, Node, NodeState, Port
 from telemetry.xid import describe
@@ -160,7 +161,7 @@ _GPU_SQL = _GPU_FROM.format(columns=f"""g.id, g.node_id, n.rack_id, {GPU_STATE_S
        {_case(GPU_RULES, "reason")} AS reason, l.time, {_AGE_SQL} AS age_s, {_LIMIT_SQL} AS limit_s,
        ev.kind, ev.code, ev.first_seen, l.gpu_temp, l.memory_temp""")
 # Fleet-wide: the state, and whether the newest values may count as current (load and power).
-_GPU_STATES_SQL = _GPU_FROM.format(columns=f"g.id, g.node_id, n.rack_id, {GPU_STATE_SQL}, NOT {_STALE_SQL}")
+_GPU_STATES_COLUMNS = f"g.id, g.node_id, n.rack_id, {GPU_STATE_SQL}, NOT {_STALE_SQL}"
 
 _PORT_SQL = f"""
 SELECT p.id, p.node_id, p.switch_id,
@@ -285,12 +286,16 @@ def gpu_health(gpu_ids: Iterable[int] | None = None, *, now: datetime | None = N
     return out
 
 
-def gpu_states(*, now: datetime | None = None) -> list[tuple[int, int, int | None, str, bool]]:
-    """(gpu_id, node_id, rack_id, state, fresh) for every GPU: the shape fleet-wide reads need."""
+def gpu_states(*, now: datetime | None = None, fields: tuple[str, ...] = ()) -> list[tuple]:
+    """(gpu_id, node_id, rack_id, state, fresh, *newest value of each of `fields`) for every GPU: the shape
+    fleet-wide reads need. The values come from the same last-value row the state was decided on, so a
+    page that shows both (the heatmap's metrics) reads them in one statement."""
     now = now or timezone.now()
-    with connection.cursor() as cur:
-        cur.execute(_GPU_STATES_SQL, sql_params(now, None))
-        return cur.fetchall()
+    unknown = [f for f in fields if f not in KINDS["gpu"].by_name]
+    if unknown:
+        raise ValueError(f"unknown gpu field(s): {', '.join(unknown)}")
+    columns = "".join(f", l.{f}" for f in fields)  # names checked above
+    return fetch_binary(_GPU_FROM.format(columns=_GPU_STATES_COLUMNS + columns), sql_params(now, None))
 
 
 # Only the ports that are not OK, filtered in the database: at 65k ports, building a Health for every port

@@ -49,12 +49,14 @@ TELEMETRY_GROUP = "telemetry"
 # on the same Redis never wins our slot and silences our pages.
 THROTTLE_KEY_SUFFIX = "live:fleet-summary"
 THROTTLE_MS = 1000  # the shortest slot
-# Every publish makes each open page re-read its view (16k rows per heatmap metric at 16k GPUs) and costs
-# the summary itself, which took ~0.3 s of database and Python at 16k GPUs under load. With ingest committing
-# all through every tick, a one-second slot meant a publish every second, ~40 % of a core on the 2-core soak
-# machine for pages and summary together. So the slot lasts at least SLOT_COST_FACTOR times the last
-# summary's cost (one second up to ~2k GPUs, ~2.4 s at 16k): publishing stays a bounded share of the machine
-# at any size, and a slower machine gets longer slots instead of falling behind.
+# Every publish makes each open page re-read its view and costs the summary itself (~0.15-0.45 s of database
+# and Python at 16k GPUs under load). With ingest committing all through every tick, a one-second slot meant
+# a publish every second, which once cost ~40 % of a core on the 2-core soak machine for pages and summary
+# together. So the slot lasts at least SLOT_COST_FACTOR times the last summary's cost: summaries take at most
+# an eighth of a core however big the fleet, and a slower machine gets longer slots instead of falling
+# behind. The price is latency, since a change waits up to one slot before any page hears of it: at 16k GPUs
+# a factor of 4 brought every page kind's update p95 down by 1-3.5 s in the soak, but the stack used 0.15
+# more of a core and ingest lag doubled on the saturated 2-core machine (docs/measurements.md).
 SLOT_COST_FACTOR = 8.0
 MAX_SLOT_MS = 5000
 _last_cost_s = [0.0]  # this process's last summary: seconds to compute
@@ -106,8 +108,15 @@ def publish_on_health_change(now=None) -> bool:
     intervals after its last sample, when ingest may have nothing to commit about it. The beat calls
     this every couple of seconds; the digest of every non-OK state (in Redis, shared by every worker)
     decides whether the pages need a push. Never raises; True when a summary was sent.
+
+    While a summary slot is held, a summary went out less than a slot ago, computed with every state as of
+    then, and the trailing one will be too: the look is skipped. On a site that ingests all the time that is
+    nearly every look, and each cost a fleet-wide pass over GPUs and ports (~0.4 s of PostgreSQL at 16k GPUs
+    and 65k ports, every 2 s: a fifth of a core). A quiet site, where the look matters, holds no slot.
     """
     try:
+        if _redis.exists(_throttle_key()):
+            return False
         gpus = sorted((r[0], r[3]) for r in health.gpu_states(now=now) if r[3] != "ok")
         ports = sorted((i, h.state) for i, h in health.port_health(now=now, not_ok=True).items())
         digest = hashlib.sha1(repr((gpus, ports)).encode()).hexdigest().encode()
@@ -170,7 +179,10 @@ def _send_summary() -> None:
     summary = fleet_summary()
     _last_cost_s[0] = time.perf_counter() - started
     layer = get_channel_layer()
-    async_to_sync(layer.group_send)(FLEET_GROUP, {"type": "fleet.update", "data": summary})
+    # `id` names this summary apart from any other computed at the same instant (the pages share per summary),
+    # in the order they were sent, so a later summary's shared message replaces an earlier one's.
+    sent_id = f"{time.time_ns():020d}-{uuid4().hex[:8]}"
+    async_to_sync(layer.group_send)(FLEET_GROUP, {"type": "fleet.update", "data": summary, "id": sent_id})
     async_to_sync(layer.group_send)(TELEMETRY_GROUP, {"type": "telemetry.tick", "at": summary["generated_at"]})
 
 

@@ -66,6 +66,10 @@ class TickMemo:
         self._cost_now = self._cost_last = 0.0
         _MEMOS.add(self)
 
+    async def run(self, fn, *args):
+        """`fn(*args)` where the live pages read: Channels' one thread for sync code (stale connections closed)."""
+        return await database_sync_to_async(fn)(*args)
+
     @property
     def tick_cost_s(self) -> float:
         return max(self._cost_now, self._cost_last)
@@ -111,11 +115,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     Pacing: a page class whose reads go through a TickMemo (`pace_memo`) starts a pass on a tick no sooner than
     PACE_FACTOR times what the last whole pass of that memo cost after its previous pass began (at most
     MAX_PACE_S); a tick that comes earlier is answered by one pass when that time comes, on the newest tick.
-    Ticks come with every fleet summary (1-5 s apart), and at 16k GPUs the 13 job pages of the soak read ~0.5 s
-    of job details per tick on an idle machine and more under load: repeated on every tick, the job pages alone
-    took ~15 % of the soak machine. Paced, pages cost at most about 1/PACE_FACTOR of the process's sync thread
-    per page class, and the newest state still reaches every page, a little later on a big fleet. Every page
-    of a class gets the same ticks and the same pace, so their passes stay together and keep sharing reads.
+    Ticks come with every fleet summary (1-5 s apart), and at 16k GPUs the 12 job pages of the soak read
+    ~0.25 s of job details per tick on an idle machine and more under load: repeated on every tick, the job
+    pages alone once took ~15 % of the soak machine. Paced, each page class costs at most about 1/PACE_FACTOR
+    of the process's sync thread, and the newest state still reaches every page, a little later on a big fleet
+    (the factor's trade of latency for CPU is measured with the slot's, in telemetry.live). Every page of a
+    class gets the same ticks and the same pace, so their passes stay together and keep sharing reads.
     """
 
     bw_access = "operator"  # read by the isolation test (tests/tenancy/test_isolation.py)

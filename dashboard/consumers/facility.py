@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from dashboard.consumers.base import LiveConsumer, TickMemo
@@ -103,7 +102,7 @@ class FacilityConsumer(LiveConsumer):
         sent = self.sent
         if sent is None:
             return
-        data = await database_sync_to_async(_shared.get)(sent.kind, self.tick, read, sent.kind)
+        data = await _shared.run(_shared.get, sent.kind, self.tick, read, sent.kind)
         if sent is not self.sent:
             return  # the page subscribed anew while we read: its own refresh follows
         msgs = nvlink_change(sent, data) if sent.kind == "nvlink" else power_change(sent, data)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from alerts.selectors import open_alert_counts
-from dashboard.consumers.base import admit_operator
+from dashboard.consumers.base import TickMemo, admit_operator
 from dashboard.views import fleet_page_summary
 from telemetry.live import FLEET_GROUP
+
+# One summary's message with the open alert counts, read and encoded once for every fleet page of the process.
+_messages = TickMemo()
 
 
 class FleetConsumer(AsyncJsonWebsocketConsumer):
@@ -30,4 +35,12 @@ class FleetConsumer(AsyncJsonWebsocketConsumer):
 
     async def fleet_update(self, event: dict) -> None:
         # Alert counts ride along with every push so the fleet page and the alerts list agree.
-        await self.send_json({**event["data"], "alerts": await database_sync_to_async(open_alert_counts)()})
+        data = event["data"]
+        # Keyed by the summary's time and id: ordered as ticks are, and never two summaries under one key.
+        key = f"{data['generated_at']} {event.get('id', '')}"
+        text = await _messages.run(_messages.get, "fleet", key, _message, data)
+        await self.send(text_data=text)
+
+
+def _message(summary: dict) -> str:
+    return json.dumps({**summary, "alerts": open_alert_counts()})

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 
-from channels.db import database_sync_to_async
-
 from dashboard.consumers.base import LiveConsumer, TickMemo
-from telemetry.selectors.racks import METRICS, SlowCache
+from telemetry.selectors.racks import METRICS, SlowCache, gpu_readings, uses_readings
 
 # One memo per process for the metrics read from rollups and events (see SlowCache).
 _slow_metrics = SlowCache()
 # Pages showing the same metric share one read per tick.
 _shared = TickMemo()
+READINGS = ("readings",)  # the memo key of every GPU's state and newest values (never a metric's name)
 DIFF_MEMO_MAX = 8  # a few metrics open at once, and pages a tick behind; each entry holds up to 2 reads
 
 
@@ -78,11 +77,17 @@ class HeatmapConsumer(LiveConsumer):
         self.tick = None  # a fresh read, not the last tick's
         self.refresh()
 
+    @staticmethod
+    def _read(metric: str, tick: str | None) -> dict:
+        """`metric` for this tick: the pages of every metric derived from readings share one fleet read."""
+        readings = _shared.get(READINGS, tick, gpu_readings) if uses_readings(metric) else None
+        return _shared.get(metric, tick, _slow_metrics.get, metric, readings)
+
     async def push(self) -> None:
         metric = self.metric
         if metric is None:
             return
-        values = (await database_sync_to_async(_shared.get)(metric, self.tick, _slow_metrics.get, metric))["values"]
+        values = (await _shared.run(self._read, metric, self.tick))["values"]
         if metric != self.metric:
             return  # the page switched metric while we read: its own refresh follows
         full = self.drawn is None

@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from channels.db import database_sync_to_async
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -87,7 +86,7 @@ class JobConsumer(LiveConsumer):
         if sub is None:
             return
         change = list_change if sub["kind"] == "list" else job_change
-        msg = await database_sync_to_async(change)(sub, self.tick)
+        msg = await _shared.run(change, sub, self.tick)
         if msg is None or sub is not self.sub:
             return  # nothing new, or the page subscribed anew while we read: its refresh follows
         self.seq += 1

@@ -81,7 +81,7 @@ class PageConsumer(LiveConsumer):
         if sub is None:
             return
         try:
-            regions = await database_sync_to_async(self._render)(sub["ref"], self.tick)
+            regions = await _shared.run(self._render, sub["ref"], self.tick)
         except Refused as exc:
             if sub is self.sub:
                 await self._refuse(sub["sub"], exc)

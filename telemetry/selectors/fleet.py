@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-import psycopg
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from core.db import fetch_binary
 from core.time import iso_utc
 from telemetry import health
 from telemetry.fields import KINDS
@@ -162,11 +162,7 @@ def latest_values(kind: str, fields: list[str] | tuple[str, ...]) -> list[tuple]
     if unknown:
         raise ValueError(f"unknown {kind} field(s): {', '.join(unknown)}")
     cols = ", ".join([spec.entity_column, "time", *fields])
-    connection.ensure_connection()
-    # A plain (server-binding) psycopg cursor: Django's client-side cursors cannot return binary.
-    with psycopg.Cursor(connection.connection) as cur:
-        cur.execute(f"SELECT {cols} FROM {spec.latest_table}", binary=True)  # names checked above
-        return cur.fetchall()
+    return fetch_binary(f"SELECT {cols} FROM {spec.latest_table}")  # names checked above
 
 
 def gpu_events(*, gpu_uuid: str | None = None, kind: str | None = None, open_only: bool = False,

@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from telemetry.models import Allocation, Gpu, GpuEvent, Job, Node
-from telemetry.selectors.racks import METRICS, THROTTLE_LABELS, heatmap_values, rack_grid
+from telemetry.selectors.racks import METRICS, THROTTLE_LABELS, gpu_readings, heatmap_values, rack_grid, uses_readings
 from telemetry.topology import do_import_topology
 from tests import personas
 from tests.conftest import FIXED_NOW
@@ -125,6 +125,12 @@ def test_values_per_metric(floor):
                             source="kmsg")
     assert values("gpu_util") == {b.id: 12.0}
     assert health["categories"][values("health")[a.id]] == "Failed"
+    # One fleet read serves every metric derived from it, with the same values as each metric's own read.
+    readings = gpu_readings(FIXED_NOW)
+    for metric in ("health", "gpu_util", "gpu_temp", "memory_temp", "power_w", "fb_used", "throttle"):
+        assert uses_readings(metric)
+        assert heatmap_values(metric, now=FIXED_NOW, readings=readings)["values"] == values(metric)
+    assert not uses_readings("ecc_rate") and not uses_readings("anomaly_score")
     note = heatmap_values("anomaly_score", now=FIXED_NOW)
     assert note["values"] == {} and "not run" in note["note"]
 
@@ -195,6 +201,39 @@ def test_pages_on_one_metric_share_one_read_per_tick(floor, session_cookie, monk
     assert subscribed == 3  # each new subscription reads for itself
     assert reads == ["gpu_temp"] * 4  # the tick: one read for the three pages
     assert [m["values"] for m in got] == [{str(a.id): 70.0}] * 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pages_on_several_metrics_share_one_fleet_read_per_tick(floor, session_cookie, monkeypatch):
+    from dashboard.consumers import heatmap as consumer
+
+    a = floor["GPU-n1-0"]
+    write_latest(a, time=timezone.now(), gpu_temp=60.0, gpu_util=40.0)
+    fleet_reads = []
+    real = consumer.gpu_readings
+    monkeypatch.setattr(consumer, "gpu_readings", lambda *args: fleet_reads.append(1) or real(*args))
+    metrics = ("gpu_temp", "gpu_util", "health", "ecc_rate")
+
+    async def scenario():
+        pages = [_communicator(session_cookie) for _ in metrics]
+        for ws, metric in zip(pages, metrics, strict=True):
+            assert (await ws.connect())[0]
+            await ws.send_json_to({"subscribe": metric})
+            await ws.receive_json_from(timeout=5)
+        subscribed = len(fleet_reads)
+        await sync_to_async(write_latest)(a, time=timezone.now(), gpu_temp=70.0, gpu_util=90.0)
+        for ws in pages:
+            await ws.send_input({"type": "telemetry.tick", "at": "t1"})
+        got = [await ws.receive_json_from(timeout=5) for ws in pages[:2]]
+        for ws in pages:
+            await ws.disconnect()
+        return subscribed, got
+
+    subscribed, got = async_to_sync(scenario)()
+
+    assert subscribed == 3  # each new subscription reads for itself; ecc_rate reads rollups, not the fleet
+    assert len(fleet_reads) == 4, "the tick's pages on three metrics must share one fleet read"
+    assert [m["values"] for m in got] == [{str(a.id): 70.0}, {str(a.id): 90.0}]
 
 
 def test_shared_diff_is_found_once_per_pair_of_reads_and_marks_lost_cells():

@@ -281,6 +281,15 @@ def test_live_pages_are_pushed_when_a_gpu_goes_silent_without_any_ingest(monkeyp
     assert live.publish_on_health_change(now=NOW + timedelta(seconds=24)) is False
     assert len(sent) == 2
 
+    # While ingest holds a summary slot, the pages have just had (or are about to get) every state: no look.
+    live._redis.set(live._throttle_key(), b"busy", px=5000)
+    monkeypatch.setattr(live.health, "gpu_states", lambda **kw: pytest.fail("looked while a slot was held"))
+    try:
+        assert live.publish_on_health_change(now=NOW + timedelta(seconds=60)) is False
+    finally:
+        live._redis.delete(live._throttle_key())
+    assert len(sent) == 2
+
 
 @pytest.mark.django_db
 def test_fabric_and_node_pages_list_a_slow_port_as_degraded(admin_client):
@@ -326,3 +335,18 @@ def test_fleet_counts_in_sql_agree_with_the_python_node_and_rack_rules():
     assert counts["racks"] == Counter(health.rack_state_from(v) for v in racks.values())
     assert set(counts["failed_gpu_ids"]) == {g for g, h in health.gpu_health(now=NOW).items() if h.state == "failed"}
     assert ok_gpu.id not in counts["failed_gpu_ids"] and silent.id not in counts["failed_gpu_ids"]
+
+
+@pytest.mark.django_db
+def test_fleet_states_carry_the_newest_values_they_were_decided_on():
+    alive = make_gpu(**{**HEALTHY, "gpu_util": 50.0})
+    dead = make_gpu(**{**HEALTHY, "gpu_util": 93.2})
+    open_event(dead, "fallen_off_bus", 79)
+
+    rows = {row[0]: row for row in health.gpu_states(now=NOW, fields=("gpu_util", "gpu_temp"))}
+
+    assert rows[alive.id][3:] == ("ok", True, 50.0, HEALTHY["gpu_temp"])
+    assert rows[dead.id][3:5] == ("failed", True) and rows[dead.id][5] == pytest.approx(93.2)
+    assert sorted(row[:5] for row in rows.values()) == sorted(health.gpu_states(now=NOW))
+    with pytest.raises(ValueError, match="unknown gpu field"):
+        health.gpu_states(now=NOW, fields=("gpu_util; DROP TABLE x",))
