@@ -23,6 +23,9 @@ async def _ask(cookie: bytes | None, path: str) -> tuple[bool, object, list[dict
     ws = ws_communicator("/ws/page/", cookie)
     connected, code = await ws.connect(timeout=10)
     if not connected:
+        # End the application before the loop closes: left running, its cancellation at loop close once hung
+        # for the whole test timeout (every other refused-socket test disconnects too).
+        await ws.disconnect()
         return False, code, []
     await ws.send_json_to({"subscribe": "page", "sub": 7, "path": path})
     got = [await ws.receive_json_from(timeout=10)]
