@@ -3,16 +3,19 @@
 Measures, on a scratch database filled by the cluster simulator (topology + one tick):
 
 - cold_first_render_s: the first load of a fresh browser (login → every GPU's cell painted, plotly.js
-  and the page's assets fetched). Target ≤ 3 s.
+  and the page's assets fetched), median of three fresh browser contexts (one load beside a ticking
+  simulator ranged 2.5-4.1 s in one hour). Target ≤ 3 s.
 - first_render_s: navigation start → every GPU's cell painted, median of several loads with the
-  browser's static cache warm (an operator's browser has loaded Breakwater before; the 4.8 MB
-  plotly.js is fetched once). Target ≤ 1.5 s.
+  browser's static cache warm (an operator's browser has loaded Breakwater before; plotly.js
+  is fetched once). Target ≤ 1.5 s.
 - update_ms: a websocket push received → the changed cells painted, median over pushes that
   change every GPU's value (the worst case: a whole fleet's tick). Target ≤ 250 ms.
 - ingest_to_paint_s: an ingest POST of every GPU's temperature → that value painted in the browser
   (includes the publish slot: one second, or eight times the fleet summary's cost where that is
   longer, telemetry/live.py). Target ≤ 2 s, the page promise. Each push carries a temperature the
-  simulator never sends (150 °C and up), so the paint it waits for is that push's own.
+  simulator never sends (150 °C and up), so the paint it waits for is that push's own: this push's
+  values on at least half the cells (beside the simulator, a GPU it reports after the push already
+  shows the simulator's newer value).
 - Baseline, same page, same data: the same update delivered without deltas, as a full reload of
   the grid and values through the Dash callback and a redraw.
 
@@ -78,6 +81,7 @@ def open_page(page, server: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=16384)
+    ap.add_argument("--colds", type=int, default=3, help="cold loads to time, each in a fresh browser context")
     ap.add_argument("--loads", type=int, default=5, help="warm-cache page loads to time")
     ap.add_argument("--updates", type=int, default=5, help="whole-fleet pushes to time")
     ap.add_argument("--beside", action=argparse.BooleanOptionalAction, default=True,
@@ -107,14 +111,21 @@ def main() -> None:
                 browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
                 # bypass_csp: wait_for_function re-checks its predicate by eval inside the page, which the
                 # pages' CSP forbids; the CSP itself is tested by tests/security/test_csp_browser.py.
-                page = browser.new_page(viewport={"width": 1600, "height": 1000}, bypass_csp=True)
-                page.goto(f"{server}/login/?next=/racks/")
-                page.fill("input[name=username]", "bench")
-                page.fill("input[name=password]", PASSWORD)
-                page.click("button[type=submit]")
-                page.wait_for_function(RENDERED, timeout=60_000)
-                cold = page.evaluate("BW.heatmapStats.renderedAt") / 1000
-                say(f"cold-cache first render {cold:.2f} s")
+                # Each cold load is a fresh browser context: an empty cache, no session, no compiled code.
+                colds, context = [], None
+                for i in range(args.colds):
+                    if context is not None:
+                        context.close()
+                    context = browser.new_context(viewport={"width": 1600, "height": 1000}, bypass_csp=True)
+                    page = context.new_page()
+                    page.goto(f"{server}/login/?next=/racks/")
+                    page.fill("input[name=username]", "bench")
+                    page.fill("input[name=password]", PASSWORD)
+                    page.click("button[type=submit]")
+                    page.wait_for_function(RENDERED, timeout=60_000)
+                    colds.append(page.evaluate("BW.heatmapStats.renderedAt") / 1000)
+                    say(f"cold-cache first render {i + 1}/{args.colds}: {colds[-1]:.2f} s")
+                cold = median(colds)
                 loads = []
                 for i in range(args.loads):
                     loads.append(open_page(page, server))
@@ -136,12 +147,16 @@ def main() -> None:
                     marker = MARKER_C + 10 * i
                     t0 = time.perf_counter()
                     post_s = push_all(server, token, hosts, uuids, marker)
-                    # painted: this push's own values are on the grid (a simulator tick may paint first)
-                    # (customdata: each cell's formatted value; z holds colours clamped to the metric's range)
+                    # painted: this push's own values are on the grid (customdata: each cell's formatted value;
+                    # z holds colours clamped to the metric's range). Half the fleet, not all of it: the simulator
+                    # beside spreads each tick's requests over its 10 s, and a GPU it reports after the push shows
+                    # the simulator's newer value instead, so "every cell" never came when the paint took longer
+                    # than the next tick's start (most runs at a 2-3 s paint). No simulated GPU reaches 150 °C, so
+                    # a cell with this push's marker was painted from this push.
                     page.wait_for_function(
                         "document.querySelector('#heatmap .js-plotly-plot').data[0].customdata.flat()"
                         f".filter(t => typeof t === 'string' && /: {int(marker) // 10}\\d[ .]/.test(t)).length"
-                        f" >= {len(uuids)}", timeout=30_000)
+                        f" >= {len(uuids) // 2}", timeout=30_000)
                     e2e.append(time.perf_counter() - t0)
                     ms, n = page.evaluate("[BW.heatmapStats.lastApplyMs, BW.heatmapStats.lastCells]")
                     updates.append(ms)
@@ -171,6 +186,7 @@ def main() -> None:
           f"ingest_to_paint_s={paint:.2f} target=cold<={COLD_RENDER_TARGET_S},warm<={FIRST_RENDER_TARGET_S},"
           f"update_ms<={UPDATE_TARGET_MS:.0f},ingest_to_paint_s<={INGEST_TO_PAINT_TARGET_S} gpus={len(uuids)} "
           f"beside={'simulator' if args.beside else 'idle'} baseline_reload_ms={base:.0f} "
+          f"cold_runs_s={'/'.join(f'{c:.2f}' for c in colds)} "
           f"{'PASS' if ok else 'FAIL'}", flush=True)
 
 

@@ -12,7 +12,7 @@ from django_plotly_dash.dash_wrapper import all_apps
 from django_plotly_dash.models import DashApp
 
 from core.api import ErrorCode, error_response, mark
-from dashboard.staticfiles import DASH_ASSET_VERSION
+from dashboard.staticfiles import DASH_ASSET_VERSION, PLOTLY_JS_URL
 from tenancy.access import forbidden_page, has_any_role
 from tenancy.scoping import is_operator
 
@@ -112,13 +112,21 @@ def _allowed(user, url_part: str, route_name: str, ident: str | None) -> bool:
 
 # Component-suite paths that Dash stamps with the package version and file mtime
 # ("dash_renderer.v4_4_0m1796006866.min.js"); async chunks ("async-graph.js") carry none.
+# Where dash-renderer tells dcc.Graph to load plotly.js from when Dash serves its assets locally.
+PLOTLY_JS_SUITE = "/_dash-component-suites/plotly/package_data/plotly.min.js"
 _STAMPED = re.compile(r"\.v\d+_\d+_\d+m\d+\.")
 
 
 def _versioned(request, response):
-    """Make django-plotly-dash's component-suite redirects cacheable (see dashboard.staticfiles)."""
+    """Make django-plotly-dash's component-suite redirects cacheable (see dashboard.staticfiles).
+
+    dcc.Graph's plotly.js goes to the pinned cartesian bundle instead of the plotly package's full one.
+    """
     if response.status_code == 302 and "_dash-component-suites" in request.path:
-        response["Location"] += ("&" if "?" in response["Location"] else "?") + f"v={DASH_ASSET_VERSION}"
+        if request.path.endswith(PLOTLY_JS_SUITE):
+            response["Location"] = PLOTLY_JS_URL
+        else:
+            response["Location"] += ("&" if "?" in response["Location"] else "?") + f"v={DASH_ASSET_VERSION}"
         # A stamped path names one build: keep its redirect for a day; unstamped ones for 10 min,
         # so a restart onto new packages is picked up soon.
         response["Cache-Control"] = f"private, max-age={86400 if _STAMPED.search(request.path) else 600}"

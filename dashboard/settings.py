@@ -239,7 +239,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
-STATICFILES_DIRS = [BASE_DIR / "dashboard" / "static"]
+# vendor/: browser bundles no Python package ships, fetched by ./dev (scripts/fetch-js-assets) into var/vendor.
+STATICFILES_DIRS = [BASE_DIR / "dashboard" / "static", ("vendor", VAR_DIR / "vendor")]
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",

@@ -7,7 +7,10 @@ milliseconds of the first render. So every URL we hand out carries a version:
 - our own files (`{% static %}` + `?v={{ asset_version }}`): a hash of their contents;
 - Dash's renderer and component bundles, which django-plotly-dash serves by redirecting to
   /static/dash/component/...: the redirect gets `?v=` + the installed versions of dash, plotly,
-  dash-cytoscape and dpd-components.
+  dash-cytoscape and dpd-components;
+- plotly.js: the cartesian bundle pinned in scripts/js-assets.txt (`PLOTLY_JS_URL`, its version in
+  the name), for every page: dcc.Graph's request is redirected to it (dashboard.access) and the
+  pages that draw with plotly.js directly load it.
 
 A request with `v` is answered with a one-year immutable Cache-Control; a new release changes
 the version and so the URL.
@@ -19,6 +22,7 @@ import hashlib
 from importlib.metadata import version
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.exceptions import SuspiciousFileOperation
 from django.http import Http404, HttpResponseNotFound
@@ -33,6 +37,20 @@ def _digest(text: str) -> str:
 
 DASH_ASSET_VERSION = _digest(" ".join(
     f"{name}=={version(name)}" for name in ("dash", "plotly", "dash-cytoscape", "dpd-components")))
+
+
+def _plotly_js_asset() -> tuple[str, str]:
+    """(static path, version) of the plotly.js bundle pinned in scripts/js-assets.txt."""
+    for line in (_OWN_STATIC.parents[2] / "scripts" / "js-assets.txt").read_text().splitlines():
+        fields = line.split()
+        if fields and not fields[0].startswith("#") and fields[0].startswith("plotly.js"):
+            return f"vendor/{fields[4]}", fields[1]
+    raise RuntimeError("scripts/js-assets.txt names no plotly.js bundle")
+
+
+PLOTLY_JS_PATH, PLOTLY_JS_VERSION = _plotly_js_asset()
+# The version is in the file name too; `v` is what asks for the immutable Cache-Control below.
+PLOTLY_JS_URL = f"/{settings.STATIC_URL.strip('/')}/{PLOTLY_JS_PATH}?v={PLOTLY_JS_VERSION}"
 
 
 def own_asset_version() -> str:
@@ -50,7 +68,7 @@ ASSET_VERSION = own_asset_version()
 
 def asset_version(request) -> dict:
     """Template context processor: `asset_version` for our own static URLs."""
-    return {"asset_version": ASSET_VERSION}
+    return {"asset_version": ASSET_VERSION, "plotly_js_url": PLOTLY_JS_URL}
 
 
 class CachingStaticFilesHandler(ASGIStaticFilesHandler):

@@ -15,8 +15,8 @@ import math
 
 import dash_cytoscape as cyto
 from dash import ClientsideFunction, Input, Output, State, dcc, html
-from django_plotly_dash import DjangoDash
 
+from dashboard.dash_apps.base import PageDash
 from telemetry.selectors.fabric import METRICS, fabric_graph, fabric_matrix
 
 DEFAULT_METRIC = "utilization"
@@ -117,7 +117,7 @@ def _edge_legend() -> html.Div:
     return html.Div(items, className="bw-legend", id="fabric-graph-legend")
 
 
-app = DjangoDash("fabric", serve_locally=True)
+app = PageDash("fabric", serve_locally=True)
 
 app.layout = html.Div(className="bw-dash bw-fabric", children=[
     html.Div(className="bw-toolbar", children=[

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 
 from dash import ClientsideFunction, Input, Output, State, dcc, html
 from django.utils import timezone
-from django_plotly_dash import DjangoDash
 
+from dashboard.dash_apps.base import PageDash
 from telemetry.selectors import nvlink_domains, power_overview, pue_series
 from telemetry.selectors.nvlink import DOMAIN_STATES
 
@@ -93,7 +93,7 @@ def pue_range(name: str | None, end: datetime) -> tuple[str, datetime, datetime]
 
 # --- NVLink domains -----------------------------------------------------------------------------
 
-nvlink_app = DjangoDash("nvlink", serve_locally=True)
+nvlink_app = PageDash("nvlink", serve_locally=True)
 
 nvlink_app.layout = html.Div(className="bw-dash bw-facility", children=[
     # Domains by state, as counts with words. This box, the list of domains in error and the power
@@ -145,7 +145,7 @@ def _section(title: str, *children, section_id: str) -> html.Section:
     return html.Section(className="bw-panel", id=section_id, children=[html.H2(title), *children])
 
 
-power_app = DjangoDash("power", serve_locally=True)
+power_app = PageDash("power", serve_locally=True)
 
 power_app.layout = html.Div(className="bw-dash bw-facility", children=[
     html.Div(id="power-summary", className="bw-cards bw-power-cards"),

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dash import ClientsideFunction, Input, Output, State, dcc, html
-from django_plotly_dash import DjangoDash
 
+from dashboard.dash_apps.base import PageDash
 from telemetry.selectors.racks import DEFAULT_METRIC, METRICS, heatmap_values, metric_choices, rack_grid
 
-app = DjangoDash("heatmap", serve_locally=True)
+app = PageDash("heatmap", serve_locally=True)
 
 app.layout = html.Div(className="bw-dash", children=[
     html.Div(className="bw-toolbar", children=[

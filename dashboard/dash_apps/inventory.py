@@ -17,8 +17,8 @@ from urllib.parse import parse_qs, unquote
 
 from dash import ClientsideFunction, Input, Output, dcc, html
 from django.utils import timezone
-from django_plotly_dash import DjangoDash
 
+from dashboard.dash_apps.base import PageDash
 from telemetry.fields import COUNTER, KINDS
 from telemetry.rollups import INTERVALS
 from telemetry.selectors import inventory
@@ -143,8 +143,8 @@ def entity_series(kind: str, pathname: str | None, search: str | None, field: st
     }
 
 
-def _series_app(name: str, kind: str) -> DjangoDash:
-    app = DjangoDash(name, serve_locally=True)
+def _series_app(name: str, kind: str) -> PageDash:
+    app = PageDash(name, serve_locally=True)
     app.layout = html.Div(className="bw-dash bw-series", children=[
         dcc.Location(id="url", refresh=False),
         _toolbar(kind, DEFAULT_FIELDS[kind]),
@@ -222,7 +222,7 @@ def node_series(pathname: str | None, search: str | None, field: str | None, ran
     }
 
 
-node_app = DjangoDash("node_series", serve_locally=True)
+node_app = PageDash("node_series", serve_locally=True)
 node_app.layout = html.Div(className="bw-dash bw-series", children=[
     dcc.Location(id="url", refresh=False),
     _toolbar("gpu", DEFAULT_FIELDS["gpu"]),

@@ -13,8 +13,8 @@ from urllib.parse import unquote
 from dash import ClientsideFunction, Input, Output, State, dcc, html
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from django_plotly_dash import DjangoDash
 
+from dashboard.dash_apps.base import PageDash
 from telemetry.models import JobState
 from telemetry.selectors import job_detail, job_list, job_step_series
 
@@ -32,7 +32,7 @@ def _field(label: str, control, for_id: str) -> html.Div:
 
 # --- The job list --------------------------------------------------------------------------------
 
-jobs_app = DjangoDash("jobs", serve_locally=True)
+jobs_app = PageDash("jobs", serve_locally=True)
 
 jobs_app.layout = html.Div(className="bw-dash bw-jobs", children=[
     # The filters live in the address too (/jobs/?q=slurm:1234&state=running), so a filtered list can be
@@ -137,7 +137,7 @@ jobs_app.clientside_callback(
 
 # --- One job -------------------------------------------------------------------------------------
 
-job_app = DjangoDash("job", serve_locally=True)
+job_app = PageDash("job", serve_locally=True)
 
 
 def _section(title: str, *children, section_id: str) -> html.Section:

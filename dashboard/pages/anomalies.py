@@ -25,7 +25,6 @@ from django.utils import timezone
 from anomaly import selectors
 from anomaly.models import AnomalyKind
 from dashboard.pages.formatting import when
-from dashboard.staticfiles import DASH_ASSET_VERSION
 from tenancy.access import operator_required
 
 # ?state=: open events only, or every event open at some point in the window.
@@ -198,8 +197,7 @@ def job_section(key: str) -> dict:
 @operator_required
 def anomaly_list(request):
     """Open and recent anomaly and risk events, filterable by state, detector and text."""
-    base = {"states": STATE_LABELS, "kinds": AnomalyKind.choices, "plotly_version": DASH_ASSET_VERSION,
-            "limit": LIST_LIMIT}
+    base = {"states": STATE_LABELS, "kinds": AnomalyKind.choices, "limit": LIST_LIMIT}
     try:
         filters = parse_filters(request.GET)
     except FilterError as exc:

@@ -25,7 +25,6 @@ from django.views.decorators.http import require_safe
 
 from alerts import selectors as alert_selectors
 from dashboard.pages.alerts import display_alert
-from dashboard.staticfiles import DASH_ASSET_VERSION
 from telemetry import health as health_model
 from telemetry.selectors.inventory import gpu_tile, job_key, latest_gpu_rows
 from tenancy import exports, selectors
@@ -385,7 +384,7 @@ def portal(request, view: TenantView):
         "charts": chart_data(view, at), "waste": waste_lines(view, at), "quotas": quota_rows(view),
         **month_spent(view, at), **week_totals(view, at), "metered_until": selectors.metered_until(),
         "invoices": [invoice_row(i, _base(view)) for i in selectors.invoices(view, limit=5)],
-        "open_alerts": tenant_alerts(view, at)["open"], "plotly_version": DASH_ASSET_VERSION,
+        "open_alerts": tenant_alerts(view, at)["open"],
         "usage_csv": f"{_base(view)}/usage.csv?days={CHART_DAYS}"}))
 
 

@@ -23,7 +23,6 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from anomaly.selectors import fleet_survival
-from dashboard.staticfiles import DASH_ASSET_VERSION
 from telemetry.selectors.reliability import fleet_reliability
 from tenancy.access import operator_required
 
@@ -181,7 +180,7 @@ def reliability_context(scope: str, at: datetime | None = None) -> dict:
     page (`report` is None when nothing is fitted)."""
     fleet = fleet_context(at or now())
     figures = {"bw-fleet-weekly": fleet["fleet_figure"]} if fleet["fleet_figure"] else {}
-    base = {"scope": scope, "scopes": SCOPES, "plotly_version": DASH_ASSET_VERSION, "fleet": fleet["fleet"],
+    base = {"scope": scope, "scopes": SCOPES, "fleet": fleet["fleet"],
             "figures": figures, "titan_label": titan_label(None)}
     loaded = fleet_survival()
     if loaded is None:

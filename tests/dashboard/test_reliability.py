@@ -55,7 +55,7 @@ def test_reliability_without_fitted_model_says_how_to_fit(operator):
     html = response.content.decode()
     assert response.status_code == 200
     assert "No survival model fitted yet" in html and "./dev manage fit_survival" in html
-    assert "bw-reliability-figures" not in html and "plotly.min.js" not in html
+    assert "bw-reliability-figures" not in html and "plotly-cartesian" not in html
 
 
 @pytest.mark.django_db
@@ -86,7 +86,7 @@ def test_reliability_after_fit_shows_curves_and_hazard_table(operator, fitted):
 def test_reliability_serves_plotly_locally_and_switches_batch(operator, fitted):
     html = operator.get(reverse("reliability")).content.decode()
     scripts = re.findall(r'<script src="([^"]+)"', html)
-    assert any(s.startswith("/static/dash/component/plotly/package_data/plotly.min.js?v=") for s in scripts)
+    assert any(s.startswith("/static/vendor/plotly-cartesian-") for s in scripts)
     assert all(s.startswith("/") for s in scripts)  # nothing from a CDN
     new = operator.get(reverse("reliability") + "?batch=new").content.decode()
     assert '<a href="?batch=new" aria-current="page">' in new
