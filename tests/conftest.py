@@ -49,6 +49,37 @@ def _isolate_from_dev() -> None:
 
 _isolate_from_dev()
 
+
+def _flush_retries_a_deadlock() -> None:
+    """A transactional test's teardown empties the database with one TRUNCATE of every table, taking their locks one
+    by one. The session's daphne (asgi_server) lives across tests, and a page it still serves reads several tables
+    on a tick that the test's last commit sent; the two can deadlock, and PostgreSQL aborts the TRUNCATE (seen once
+    in a fresh clone's full run). The reader's query is short: flush again, a few times."""
+    from django.conf import settings
+
+    if not settings.configured:
+        return
+    from django.db import OperationalError
+    from django.test import TransactionTestCase
+
+    original = TransactionTestCase._fixture_teardown
+
+    @functools.wraps(original)
+    def teardown(self):
+        for attempt in range(4):
+            try:
+                return original(self)
+            except Exception as exc:  # flush wraps the driver's error in a CommandError
+                cause = exc if isinstance(exc, OperationalError) else exc.__cause__
+                if attempt == 3 or not isinstance(cause, OperationalError) or "deadlock" not in str(cause):
+                    raise
+                time.sleep(0.2)
+
+    TransactionTestCase._fixture_teardown = teardown
+
+
+_flush_retries_a_deadlock()
+
 # Tests that took over half a second in a measured run (scripts/slow_tests.py writes the list): marked `slow`, so
 # `./dev test --fast` (no browser, Slurm or slow tests) stays a tier to run while working. CI runs everything.
 SLOW_LIST = Path(__file__).with_name("slow.txt")
