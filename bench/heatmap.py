@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("--beside", action=argparse.BooleanOptionalAction, default=True,
                     help="keep the simulator ticking the whole fleet every 10 s during the measurement")
     args = ap.parse_args()
+    if min(args.colds, args.loads, args.updates) < 1:
+        ap.error("--colds, --loads and --updates must each be at least 1")
 
     url = scratch_database_url("heatmap")
     recreate_database(url)

@@ -110,10 +110,10 @@ def _allowed(user, url_part: str, route_name: str, ident: str | None) -> bool:
     return has_any_role(user) if tenant_app(route_name, ident) else is_operator(user)
 
 
-# Component-suite paths that Dash stamps with the package version and file mtime
-# ("dash_renderer.v4_4_0m1796006866.min.js"); async chunks ("async-graph.js") carry none.
 # Where dash-renderer tells dcc.Graph to load plotly.js from when Dash serves its assets locally.
 PLOTLY_JS_SUITE = "/_dash-component-suites/plotly/package_data/plotly.min.js"
+# Component-suite paths that Dash stamps with the package version and file mtime
+# ("dash_renderer.v4_4_0m1796006866.min.js"); async chunks ("async-graph.js") carry none.
 _STAMPED = re.compile(r"\.v\d+_\d+_\d+m\d+\.")
 
 

@@ -23,7 +23,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.staticfiles import finders
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+from django.core import checks
 from django.core.exceptions import SuspiciousFileOperation
 from django.http import Http404, HttpResponseNotFound
 
@@ -51,6 +53,16 @@ def _plotly_js_asset() -> tuple[str, str]:
 PLOTLY_JS_PATH, PLOTLY_JS_VERSION = _plotly_js_asset()
 # The version is in the file name too; `v` is what asks for the immutable Cache-Control below.
 PLOTLY_JS_URL = f"/{settings.STATIC_URL.strip('/')}/{PLOTLY_JS_PATH}?v={PLOTLY_JS_VERSION}"
+
+
+@checks.register(checks.Tags.staticfiles)
+def plotly_js_fetched(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Every chart needs the pinned bundle, which no Python package installs: say so before a page loads without."""
+    if finders.find(PLOTLY_JS_PATH):
+        return []
+    return [checks.Error(f"static file {PLOTLY_JS_PATH} (plotly.js, scripts/js-assets.txt) is missing: "
+                         "every chart would fail to load", hint="run scripts/fetch-js-assets (./dev runs it)",
+                         id="breakwater.E001")]
 
 
 def own_asset_version() -> str:

@@ -70,3 +70,12 @@ def test_a_page_loads_only_the_component_libraries_its_app_uses(operator):
     assert "dash_renderer" in racks and "dash_core_components" in racks
     assert "dash_cytoscape" not in racks  # 0.5 MB that only the fabric page draws with
     assert "dash_cytoscape" in fabric
+
+
+def test_a_missing_bundle_is_a_system_check_error(settings, tmp_path):
+    from django.core import checks
+
+    assert [m for m in checks.run_checks(tags=[checks.Tags.staticfiles]) if m.id == "breakwater.E001"] == []
+    settings.STATICFILES_DIRS = [REPO / "dashboard" / "static", ("vendor", tmp_path)]  # nothing fetched there
+    errors = [m for m in checks.run_checks(tags=[checks.Tags.staticfiles]) if m.id == "breakwater.E001"]
+    assert len(errors) == 1 and PLOTLY_JS_PATH in errors[0].msg and "fetch-js-assets" in errors[0].hint
