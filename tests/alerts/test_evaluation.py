@@ -14,6 +14,7 @@ from django.conf import settings
 from alerts.evaluation import rule_problem, run_evaluation
 from alerts.models import Alert, AlertState, Rule, RuleKind, RulePending
 from anomaly.models import Anomaly, EntityScore
+from telemetry import health
 from telemetry.ingest.documents import parse_json
 from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
@@ -162,6 +163,32 @@ def test_rate_reads_raw_only_for_counters_that_moved(rack):
     run_evaluation(now)
     [alert] = open_alerts(r)
     assert (alert.entity_key, alert.value) == ("GPU-1", 25.0)  # 50 replays in 2 minutes
+
+
+def test_a_site_younger_than_the_window_reads_raw_only_for_counters_that_moved(rack):
+    """No minute before the window is rolled up yet: the rolled-up minutes since, and the newest value, decide."""
+    from alerts.evaluation import _moved_counters
+    from telemetry.models import Gpu
+    from telemetry.rollups import run_rollups
+
+    r = rule(kind=RuleKind.RATE, metric="pcie_replay", op=">", threshold=1, window_seconds=600)
+    for s in range(0, 241, 15):  # 4 minutes of data against a 10-minute window
+        moving = 100 + (s // 60) * 20  # a step each minute
+        ingest(T0 + timedelta(seconds=s), [gpu("GPU-1", pcie_replay=moving), gpu("GPU-2", index=1, pcie_replay=5),
+                                           gpu("GPU-3", index=2, pcie_replay=7)])
+    now = T0 + timedelta(seconds=240)
+    since = now - timedelta(seconds=600)
+    ids = {g.uuid: g.pk for g in Gpu.objects.all()}
+    # Nothing rolled up: every GPU may have moved.
+    assert sorted(_moved_counters("gpu", "pcie_replay", since)) == sorted(ids.values())
+    run_rollups(now + timedelta(minutes=2))  # the 4 minutes rolled up: GPU-1 stepped in them, the others did not
+    assert _moved_counters("gpu", "pcie_replay", since) == [ids["GPU-1"]]
+    # A step after the newest rolled-up minute shows as a last value that differs from that minute's.
+    ingest(now + timedelta(seconds=15), [gpu("GPU-3", index=2, pcie_replay=9)])
+    assert sorted(_moved_counters("gpu", "pcie_replay", since)) == sorted([ids["GPU-1"], ids["GPU-3"]])
+    run_evaluation(now)
+    [alert] = open_alerts(r)
+    assert (alert.entity_key, alert.value) == ("GPU-1", 8.0)  # 80 replays over a 10-minute window
 
 
 def test_rate_rule_on_a_gauge_is_reported_not_run(rack):
@@ -368,7 +395,7 @@ def test_xid79_posted_to_ingest_fires_alert_within_seconds(client, celery_worker
     assert latency < 5
 
 
-def test_node_down_and_gpu_no_data_follow_the_health_model(rack, settings):
+def test_node_down_and_gpu_no_data_follow_the_health_model(rack, settings, monkeypatch):
     """Without a threshold the health model decides: two 10-s intervals plus 5 s of grace."""
     settings.STALE_GRACE = timedelta(seconds=5)
     node_rule = rule("NodeDown", kind=RuleKind.NODE_DOWN, entity="node", severity="critical",
@@ -383,7 +410,11 @@ def test_node_down_and_gpu_no_data_follow_the_health_model(rack, settings):
     run_evaluation(T0 + timedelta(seconds=24))
     assert open_alerts(node_rule) == [] and open_alerts(gpu_rule) == []  # 24 s ≤ 25 s
 
+    reads = []
+    real = health.gpu_states
+    monkeypatch.setattr(health, "gpu_states", lambda **kw: reads.append(kw) or real(**kw))
     run_evaluation(T0 + timedelta(seconds=30))
+    assert len(reads) == 1, "both node-down rules of one pass share one read of every GPU's state"
     [node_alert] = open_alerts(node_rule)
     [gpu_alert] = open_alerts(gpu_rule)
     assert node_alert.entity_key == "node-b" and node_alert.annotations["summary"] == "Node node-b: no data for 30 s"
