@@ -11,14 +11,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.conf import settings
 
-from alerts.evaluation import rule_problem, run_evaluation
+from alerts.evaluation import _moved_counters, rule_problem, run_evaluation
 from alerts.models import Alert, AlertState, Rule, RuleKind, RulePending
 from anomaly.models import Anomaly, EntityScore
 from telemetry import health
 from telemetry.ingest.documents import parse_json
 from telemetry.ingest.schema import TimeParser
 from telemetry.ingest.writer import write_batch
-from telemetry.models import GpuEvent, Hall, Node, Rack, Row, Site
+from telemetry.models import Gpu, GpuEvent, Hall, Node, Rack, Row, Site
+from telemetry.rollups import run_rollups
 from tests.conftest import FIXED_NOW
 
 T0 = FIXED_NOW
@@ -149,10 +150,6 @@ def test_a_rate_rule_is_read_again_only_after_its_cadence_and_at_once_when_edite
 
 
 def test_rate_reads_raw_only_for_counters_that_moved(rack):
-    from alerts.evaluation import _moved_counters
-    from telemetry.models import Gpu
-    from telemetry.rollups import run_rollups
-
     r = rule(kind=RuleKind.RATE, metric="pcie_replay", op=">", threshold=1, window_seconds=120)
     for s in range(0, 301, 15):  # GPU-1 replays +10 every 15 s from 240 s on; GPU-2 stays put
         moving = 100 + max(0, (s - 225) // 15) * 10
@@ -167,10 +164,6 @@ def test_rate_reads_raw_only_for_counters_that_moved(rack):
 
 def test_a_site_younger_than_the_window_reads_raw_only_for_counters_that_moved(rack):
     """No minute before the window is rolled up yet: the rolled-up minutes since, and the newest value, decide."""
-    from alerts.evaluation import _moved_counters
-    from telemetry.models import Gpu
-    from telemetry.rollups import run_rollups
-
     r = rule(kind=RuleKind.RATE, metric="pcie_replay", op=">", threshold=1, window_seconds=600)
     for s in range(0, 241, 15):  # 4 minutes of data against a 10-minute window
         moving = 100 + (s // 60) * 20  # a step each minute
